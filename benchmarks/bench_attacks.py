@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from osfl.data.sources import load_data
-from osfl.fl.training import TrainConfig
+from osfl.fl.train_config import TrainConfig
 from osfl.models import create_model
 from osfl.privacy import resolve_inputs, run_attack
 from osfl.privacy.label_recovery.simplex_lsq import simplex_lstsq

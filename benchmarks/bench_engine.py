@@ -29,7 +29,8 @@ from torch import nn
 
 from osfl.data.imageset import ImageSet
 from osfl.data.transforms import Compose, Normalize, ToFloat
-from osfl.fl.training import TrainConfig, train_local
+from osfl.fl.train_config import TrainConfig
+from osfl.fl.training import train_local
 from osfl.models import create_model
 
 MEAN, STD = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)

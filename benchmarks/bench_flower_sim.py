@@ -71,16 +71,21 @@ def run_osfl(args: argparse.Namespace, runtime: str) -> tuple[float, dict[str, A
 
 
 def run_flower_engine(args: argparse.Namespace, out: Path) -> tuple[float, dict[str, Any]]:
-    from osfl.fl.runtime.flower import JobSpec, run_flower_simulation
+    from osfl.assembly import job_from_spec
+    from osfl.config import load_config_text
+    from osfl.experiment import run_experiment
+    from osfl.fl.runtime.flower_engine import FlowerEngineRuntime
+    from osfl.fl.runtime.flower_spec import JobSpec
 
     spec = JobSpec(experiment=EXPERIMENT, overrides=tuple(overrides(args)), out_dir=str(out))
     backend = {
         "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
         "init_args": {"num_cpus": args.parallel, "num_gpus": 0},
     }
+    runtime = FlowerEngineRuntime(job_from_spec, spec, backend_config=backend)
+    cfg = load_config_text(EXPERIMENT, list(spec.overrides))
     t0 = time.perf_counter()
-    _, record = run_flower_simulation(spec, backend_config=backend)
-    assert record is not None
+    (record,) = run_experiment(cfg, runtime=runtime)
     return time.perf_counter() - t0, record
 
 

@@ -21,7 +21,8 @@ import torch
 
 from osfl.data.imageset import ImageSet
 from osfl.fl.objectives import FedDCTerm, FedDynTerm, ProximalTerm, ScaffoldCorrection
-from osfl.fl.training import TrainConfig, train_local
+from osfl.fl.train_config import TrainConfig
+from osfl.fl.training import train_local
 from osfl.models import create_model
 from osfl.privacy.defenses import clip_and_noise
 

@@ -34,14 +34,14 @@ def main() -> None:
     import matplotlib.pyplot as plt
 
     import osfl.methods  # noqa: F401
+    from osfl.assembly import build_federation, build_run, load_splits
     from osfl.config import load_config, method_config
-    from osfl.experiment import build_federation, build_run, load_splits
     from osfl.fl.method import METHODS
     from osfl.fl.runtime.simulation import run_simulation
     from osfl.methods.fedmitr import patch_grid, pixel_mask
     from osfl.methods.kd import InputSpace
 
-    cfg = load_config(args.config, ["progress=false", *args.overrides])
+    cfg = load_config(args.config, list(args.overrides))
     seed = cfg.seeds[0]
     splits = load_splits(cfg)
     fed = build_federation(cfg, splits.train, seed)
@@ -49,10 +49,11 @@ def main() -> None:
     cls = METHODS.get("fedmitr")
     opts = {**cfg.method.get("fedmitr", {}), "epochs": 1, "count_flops": False}
     method = cls(method_config(cls, opts), ctx)
-    run_simulation(method, ctx, splits.train, fed, progress=False)
-    pool = method.last_pool
+    res = run_simulation(method, ctx, splits.train, fed)
+    pool = method.artifacts(res.state)
     space = InputSpace.from_transform(ctx.eval_transform, ctx.image_shape[0])
-    x, y, keep = pool.images[: args.n], pool.labels[: args.n], pool.extras["keep"][: args.n]
+    n = args.n
+    x, y, keep = pool["pool_images"][:n], pool["pool_labels"][:n], pool["pool_keep"][:n]
     grid = patch_grid(method.run.model.build(ctx.num_classes))
     hi = pixel_mask(keep, grid)
     imgs = space.denormalize(x).clamp(0, 1)

@@ -3,7 +3,7 @@
 Reads the ``metrics.json`` of one or more run directories written by
 ``osfl run configs/fedmitr_*_cpu.yaml`` and prints accuracy per (partition,
 method), with the server's synthesis / distillation seconds and FLOPs (the
-``server_phases`` that data-free KD methods record).
+``server.phases`` that data-free KD methods record).
 
     python benchmarks/fedmitr_table.py RUN_DIR [RUN_DIR ...]
 """
@@ -51,8 +51,9 @@ def main(dirs: list[str]) -> None:
         for rec in data["records"]:
             key = (point_of(rec), method_of(rec))
             acc[key].append(100 * rec["global_test_accuracy"])
-            if "server_phases" in rec and rec["server_phases"].get("flops"):
-                phases[method_of(rec)] = rec["server_phases"]
+            server = rec.get("server", {}).get("phases", {})
+            if server.get("flops"):
+                phases[method_of(rec)] = server
     points = sorted({p for p, _ in acc})
     methods = sorted({m for _, m in acc}, key=lambda m: (ORDER.index(m.split("[")[0]), m))
     print("| partition | " + " | ".join(methods) + " |")

@@ -188,7 +188,7 @@ def table6(cfg: Any) -> None:
 
 # ------------------------------------------------------------------ Figure 1
 def fig1(cfg: Any) -> None:
-    from osfl.fl.training import TrainConfig
+    from osfl.fl.train_config import TrainConfig
     from scheme_driver import drive, make_run
 
     setup = Setup.from_config(cfg)

@@ -21,9 +21,9 @@ from osfl.data.imageset import DataSplits, ImageSet
 from osfl.data.partition import make_federation
 from osfl.data.sources import load_data
 from osfl.data.transforms import channel_stats, default_transforms
-from osfl.fl.method import derive_seed
 from osfl.fl.observation import Observation
-from osfl.fl.training import TrainConfig
+from osfl.fl.seeds import derive_seed
+from osfl.fl.train_config import TrainConfig
 from osfl.models import create_model
 from osfl.privacy import resolve_inputs, run_attack
 from osfl.privacy.simulate import model_hparams, simulate_observation

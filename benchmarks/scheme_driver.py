@@ -18,9 +18,12 @@ from typing import Any
 import torch
 from omegaconf import OmegaConf
 
-from osfl.fl.method import METHODS, ClientContext, ModelSpec, RunContext, derive_seed
-from osfl.fl.observation import Observation
-from osfl.fl.training import TrainConfig, record_step_labels
+from osfl.fl.context import ClientContext, ClientState, ModelSpec, RunContext
+from osfl.fl.method import METHODS
+from osfl.fl.observation import Observation, observe
+from osfl.fl.seeds import derive_seed
+from osfl.fl.train_config import TrainConfig
+from osfl.fl.training import record_step_labels
 from osfl.privacy.simulate import model_hparams
 
 
@@ -40,7 +43,6 @@ def make_run(
         eval_transform=setup.transform,
         seed=seed,
         device=setup.device,
-        progress=False,
     )
 
 
@@ -74,6 +76,7 @@ def drive(
         **method.public_hparams(),
         **model_hparams(run.model.name, run.model.kwargs, run.num_classes),
     }
+    states: dict[int, ClientState] = {}
     for r in range(rounds):
         bcast = method.broadcast(state, r)
         if on_round_start is not None:
@@ -83,7 +86,8 @@ def drive(
             if len(data) == 0:
                 continue
             gen = torch.Generator().manual_seed(derive_seed(run.seed, c, r, "client"))
-            ctx = ClientContext(run=run, client_id=c, round=r, generator=gen)
+            own = states.setdefault(c, ClientState())  # kept between rounds, as a runtime does
+            ctx = ClientContext(run=run, client_id=c, round=r, generator=gen, state=own)
             with record_step_labels() as steps:
                 up = method.client_update(ctx, bcast, data)
             uploads[c] = up
@@ -91,19 +95,15 @@ def drive(
                 watch_clients is None or c in watch_clients
             )
             if watch is not None and watched:
-                history = (
-                    method.audit_history(state, c, up.meta)
-                    if hasattr(method, "audit_history")
-                    else {}
-                )
-                obs = Observation(
-                    client_id=c,
-                    round=r,
-                    broadcast={**bcast.tensors, **history},
-                    upload=dict(up.tensors),
-                    upload_meta=dict(up.meta),
+                obs = observe(
+                    c,
+                    r,
+                    broadcast=bcast.tensors,
+                    upload=up.tensors,
+                    upload_meta=up.meta,
                     hparams=hparams,
                     truth={"labels": torch.cat(steps), "num_classes": run.num_classes},
+                    history=method.audit_history(state, c, up.meta),
                 )
                 watch(r, c, obs)
         state = method.aggregate(state, uploads, r)

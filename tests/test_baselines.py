@@ -10,10 +10,11 @@ import pytest
 import torch
 from torch import nn
 
+from osfl.assembly import SeedContext, build_federation, build_run, load_splits
 from osfl.config import load_config
 from osfl.data.imageset import DataSplits
 from osfl.errors import ConfigError, UploadError
-from osfl.experiment import SeedContext, build_federation, build_run, load_splits, run_experiment
+from osfl.experiment import run_experiment
 from osfl.fl.method import METHODS, PerClientPredictor
 from osfl.fl.runtime.simulation import run_simulation
 from osfl.fl.upload import Upload, validate
@@ -61,7 +62,7 @@ def make_ctx(tiny_data, tmp_path):
 def simulate(method_cls: type, config: Any, ctx: SeedContext, **kw: Any) -> Any:
     method = method_cls(config, ctx.run)
     kw.setdefault("threads_per_client", 1)
-    return run_simulation(method, ctx.run, ctx.splits.train, ctx.federation, progress=False, **kw)
+    return run_simulation(method, ctx.run, ctx.splits.train, ctx.federation, **kw)
 
 
 def state_of(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -156,7 +157,7 @@ def test_upload_spec_refuses_a_foreign_model(make_ctx):
     ctx = make_ctx()
     method = FedAvg(FedAvgConfig(), ctx.run)
     state = method.init_state()
-    spec = method.upload_spec(state, 0)
+    spec = method.upload_spec(state, 0, 0)
     ok = Upload(tensors=dict(state), meta={"num_samples": 3})
     validate(ok, spec, client=0)
     wrong = dict(state)
@@ -180,7 +181,7 @@ def test_one_shot_fedavg_with_one_client_is_that_clients_model(make_ctx):
 
 
 def test_ensemble_after_fedavg_trains_no_client(make_ctx, monkeypatch):
-    import osfl.fl.cache as cache_mod
+    import osfl.fl.client_training as cache_mod
 
     ctx = make_ctx()
     calls = []

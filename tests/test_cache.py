@@ -12,13 +12,15 @@ import pytest
 import torch
 from torch import nn
 
-import osfl.fl.cache as cache_mod
+import osfl.fl.client_training as cache_mod
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
-from osfl.fl.cache import ClientCache, init_model, state_hash, train_client, transform_key
-from osfl.fl.method import ClientContext, ModelSpec, RunContext
+from osfl.fl.cache import ClientCache, state_hash, transform_key
+from osfl.fl.client_training import train_client
+from osfl.fl.context import ClientContext, ModelSpec, RunContext
 from osfl.fl.objectives import ProximalTerm
-from osfl.fl.training import TrainConfig
+from osfl.fl.train_config import TrainConfig
+from osfl.fl.training import init_model
 
 
 class TinyNet(nn.Module):
@@ -68,7 +70,6 @@ def make_run(cache: ClientCache | None, **kw: Any) -> RunContext:
         "eval_transform": Shift(0.0),
         "seed": 0,
         "cache": cache,
-        "progress": False,
     }
     args.update(kw)
     return RunContext(**args)

@@ -66,7 +66,7 @@ def test_run_writes_a_complete_run_directory(tmp_path, capsys):
     for r in recs:
         assert 0.0 <= r["global_test_accuracy"] <= 1.0
         assert len(r["per_class_accuracy"]) == 10
-        assert r["bytes_up"] > 0 and r["bytes_down"] > 0 and r["flops"] is None
+        assert r["bytes_up"] > 0 and r["bytes_down"] > 0 and r["runtime"] == "simulation"
         assert set(r["time_s"]) == {"client", "server", "eval", "total"}
         assert r["partition"]["scheme"] == "dirichlet" and len(r["partition"]["key"]) > 8
         assert r["method_config"] == (
@@ -105,7 +105,7 @@ def test_sweep_over_alpha(tmp_path, capsys):
     [
         (["run", "bogus=1"], "valid keys at top level"),
         (["run", "methods=[nope]"], "unknown method 'nope'"),
-        (["run", "method.fedavg.round=2"], "valid: rounds"),
+        (["run", "method.fedavg.round=2"], "valid: client_fraction, local_epochs, rounds"),
         (["run", "missing.yaml"], "not found"),
         (["run", "a.yaml", "b.yaml"], "two config files"),
         (["run", "--sweep", "alpha"], "key=v1,v2"),

@@ -18,7 +18,7 @@ from osfl.config import (
     to_yaml,
 )
 from osfl.errors import ConfigError
-from osfl.fl.training import TrainConfig
+from osfl.fl.train_config import TrainConfig
 from osfl.methods.ensemble import Ensemble
 from osfl.methods.fedavg import FedAvg, FedProx
 
@@ -128,7 +128,8 @@ def test_method_config_validation():
     assert method_config(FedAvg, {"rounds": 3}).rounds == 3
     assert method_config(FedProx, {}).mu == FedProx.Config().mu
     with pytest.raises(
-        ConfigError, match=r"unknown option\(s\) round for method 'fedavg'; valid: rounds"
+        ConfigError,
+        match=r"unknown option 'round' for method 'fedavg'; valid: client_fraction, local_epochs, rounds",
     ):
         method_config(FedAvg, {"round": 3})
     with pytest.raises(ConfigError, match=r"method\.ensemble: unknown client weighting"):

@@ -13,8 +13,9 @@ import osfl.methods  # noqa: F401  (registers the methods)
 from osfl.data.imageset import ImageSet
 from osfl.data.transforms import build_transform
 from osfl.errors import ConfigError
-from osfl.fl.method import METHODS, ClientContext, ModelSpec, RunContext
-from osfl.fl.training import TrainConfig
+from osfl.fl.context import ClientContext, ModelSpec, RunContext
+from osfl.fl.method import METHODS
+from osfl.fl.train_config import TrainConfig
 from osfl.privacy.defenses import DefendedMethod, DefenseConfig, apply_defense, clip_and_noise
 
 
@@ -105,7 +106,6 @@ def setup() -> tuple[RunContext, ImageSet]:
         train=TrainConfig(epochs=1, batch_size=8, lr=0.1, optimizer="sgd"),
         train_transform=tf,
         eval_transform=tf,
-        progress=False,
     )
     return run, data
 
@@ -167,9 +167,12 @@ def test_wrapper_delegates_everything_else(setup) -> None:
     inner = METHODS.get("scaffold")(METHODS.get("scaffold").Config(rounds=3), run)
     m = apply_defense(inner, {"clip": 1.0, "sigma": 0.01})
     assert m.name == "scaffold" and m.rounds == 3 and m.one_shot is False
-    assert m.audit_history == inner.audit_history  # delegated attribute
     state, _, up = _client(run, m, data)
-    spec = m.upload_spec(state, 0)
+    for c in (0, 1):  # the declared hook reaches the inner scheme's history
+        hist, inner_hist = m.audit_history(state, c), inner.audit_history(state, c)
+        assert hist.keys() == inner_hist.keys() and hist
+        assert all(torch.equal(hist[k], inner_hist[k]) for k in hist)
+    spec = m.upload_spec(state, 0, 0)
     from osfl.fl.upload import validate
 
     validate(up, spec)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from osfl.assembly import build_federation, build_run, load_splits
 from osfl.config import load_config
-from osfl.experiment import build_federation, build_run, load_splits
 from osfl.fl.evaluate import evaluate
 from osfl.fl.runtime.simulation import run_simulation
 from osfl.methods.fafi import FAFI, FAFIConfig
@@ -32,7 +32,7 @@ def test_fafi_on_digits_beats_chance_by_far() -> None:
     fed = build_federation(cfg, splits.train, 0)
     run = build_run(cfg, splits, fed, 0)
     method = FAFI(FAFIConfig(augment="flip"), run)
-    res = run_simulation(method, run, splits.train, fed, progress=False, threads_per_client=1)
+    res = run_simulation(method, run, splits.train, fed, threads_per_client=1)
     assert res.refused == [] and len(res.state["clients"]) == 5
     acc = evaluate(res.predictor, splits.test, run.eval_transform, "cpu").accuracy
     assert acc > 0.5, f"FAFI accuracy {acc:.3f} on digits"

@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 import torch
 
+from osfl.assembly import SeedContext, build_federation, build_run, load_splits
 from osfl.config import load_config, method_config
 from osfl.data.imageset import ImageSet
 from osfl.data.transforms import Compose, Normalize, ToFloat, build_transform
 from osfl.errors import ConfigError, UploadError
-from osfl.experiment import SeedContext, build_federation, build_run, load_splits
 from osfl.fl.evaluate import evaluate
 from osfl.fl.method import METHODS
 from osfl.fl.runtime.simulation import run_simulation
@@ -64,7 +64,7 @@ def make_ctx(tiny_data, tmp_path):
 
 def simulate(method: Any, ctx: SeedContext) -> Any:
     return run_simulation(
-        method, ctx.run, ctx.splits.train, ctx.federation, progress=False, threads_per_client=1
+        method, ctx.run, ctx.splits.train, ctx.federation, threads_per_client=1
     )
 
 
@@ -177,7 +177,7 @@ def test_upload_is_extractor_and_prototypes_only(make_ctx) -> None:
     assert entry["prototypes"].shape == (10, 32)  # C × D (cnn_small width 8 -> 32-d)
     # a client's upload: exactly the extractor keys + prototypes
     state = method.init_state()
-    spec = method.upload_spec(state, 0)
+    spec = method.upload_spec(state, 0, 0)
     assert set(spec.tensors) == {"prototypes"} | {"extractor." + k for k in entry["extractor"]}
     assert not any("fc." in k for k in spec.tensors)  # no classifier head
     good = Upload(
@@ -250,16 +250,15 @@ def test_mixed_architectures_fuse_through_a_projection(make_ctx) -> None:
     x = ctx.run.eval_transform(ctx.splits.test.images[:4])
     with torch.no_grad():
         assert res.predictor.eval()(x).shape == (4, 10)
-    # a client uploading another architecture's extractor is dropped by aggregate()
+    # each client's upload is checked against its own architecture, before aggregate()
     state = res.state
     swapped = Upload(
         tensors={"prototypes": state["clients"][0]["prototypes"]}
         | {"extractor." + k: v for k, v in state["clients"][0]["extractor"].items()},
         meta={"num_samples": 4},
     )
-    validate(swapped, method.upload_spec(state, 0), client=1)  # passes the union spec
-    fresh = {"init": state["init"], "clients": {}}
-    with pytest.raises(UploadError, match="no client upload"):
-        method.aggregate(fresh, {1: swapped}, 0)
+    validate(swapped, method.upload_spec(state, 0, 0), client=0)  # client 0's own architecture
+    with pytest.raises(UploadError, match=r"client 1.*missing tensor.*and \d+ more"):
+        validate(swapped, method.upload_spec(state, 0, 1), client=1)  # resnet18's client
     with pytest.raises(ConfigError, match="one architecture"):
         FAFI(dataclasses.replace(cfg, fusion="params"), ctx.run).predictor(state)

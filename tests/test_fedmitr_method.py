@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import osfl.methods  # noqa: F401  (registers the methods)
+from osfl.assembly import build_federation, build_run, load_splits
 from osfl.config import load_config, method_config
 from osfl.errors import ConfigError
-from osfl.experiment import build_federation, build_run, load_splits
 from osfl.fl.evaluate import evaluate
 from osfl.fl.method import METHODS
 from osfl.fl.runtime.simulation import run_simulation
@@ -50,15 +50,15 @@ def test_fedmitr_on_digits_beats_chance_and_fedavg(setup) -> None:
     opts = dict(epochs=4, synthesis_batch_size=32, batch_size=32, iterations=20, inv_lr=0.1)
     for name, kw in (("fedavg", {}), ("fedmitr", {**opts, "optimizer": "adam", "lr": 1e-3})):
         method, ctx = make(setup, name, **kw)
-        res = run_simulation(method, ctx, splits.train, fed, progress=False)
+        res = run_simulation(method, ctx, splits.train, fed)
         accs[name] = evaluate(res.predictor, splits.test, ctx.eval_transform, "cpu").accuracy
     assert accs["fedmitr"] > 0.2  # chance is 0.1
     assert accs["fedmitr"] > accs["fedavg"]
-    assert set(res.state["phases"]["seconds"]) == {"synthesis", "distillation"}
-    pool = method.last_pool
-    assert len(pool) == 4 * 3 * 32  # epochs x clients x batch
+    assert set(method.report(res.state)["phases"]["seconds"]) == {"synthesis", "distillation"}
+    pool = method.artifacts(res.state)
+    assert len(pool["pool_images"]) == len(pool["pool_labels"]) == 4 * 3 * 32  # T x M x batch
     # 16 patches, stops at 2, 4, 8, 12 of 20 iterations: 16 -> 12 -> 9 -> 7 -> 5 kept
-    assert pool.extras["keep"].sum(1).unique().tolist() == [5]
+    assert pool["pool_keep"].sum(1).unique().tolist() == [5]
 
 
 def test_fedmitr_config_checks() -> None:

@@ -7,6 +7,7 @@ processes on loopback launched with ``flwr run``
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,22 +20,28 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError, OsflError, UploadError
-from osfl.fl.method import ClientContext, Method, ModelSpec, Predictor, RunContext
+from osfl.fl.context import ClientContext, ModelSpec, RunContext
+from osfl.fl.method import Method, Predictor, sample_fraction
+from osfl.fl.progress import ProgressTask
 from osfl.fl.runtime import flower_records as rec
-from osfl.fl.runtime.flower import (
-    JobSpec,
+from osfl.fl.runtime.base import Job, PartitionedData
+from osfl.fl.runtime.flower_client import make_client_app, partition_id
+from osfl.fl.runtime.flower_loopback import (
+    FlowerLoopbackRuntime,
     LoopbackGrid,
-    make_client_app,
-    make_server_app,
-    partition_id,
-    run_flower,
+    loopback_identity,
+    wire_roundtrip,
 )
-from osfl.fl.runtime.flower_job import FlowerJob, job_digest
-from osfl.fl.runtime.flower_loopback import loopback_identity, wire_roundtrip
-from osfl.fl.runtime.flower_server import discover_clients, serve_job
-from osfl.fl.runtime.simulation import run_simulation
-from osfl.fl.training import TrainConfig
-from osfl.fl.upload import Broadcast, TensorSpec, Upload, UploadSpec
+from osfl.fl.runtime.flower_server import (
+    FlowerGridRuntime,
+    GridTransport,
+    discover_clients,
+    make_server_app,
+)
+from osfl.fl.runtime.flower_spec import JobSpec, job_digest
+from osfl.fl.runtime.simulation import SimulationRuntime
+from osfl.fl.train_config import TrainConfig
+from osfl.fl.upload import NUM_SAMPLES, Broadcast, TensorSpec, Upload, UploadSpec
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -73,6 +80,13 @@ class Toy(Method):
     name: ClassVar[str] = "toy"
     Config = ToyConfig
 
+    @property
+    def rounds(self) -> int:
+        return self.config.rounds
+
+    def sample_clients(self, round: int, num_clients: int, rng: Any) -> list[int]:
+        return sample_fraction(self.config.client_fraction, round, num_clients, rng)
+
     def init_state(self) -> torch.Tensor:
         return torch.zeros(3)
 
@@ -91,8 +105,10 @@ class Toy(Method):
             w = w * float("nan")
         return Upload(tensors={"w": w}, meta={"num_samples": len(data)})
 
-    def upload_spec(self, state: torch.Tensor, round: int) -> UploadSpec:
-        return UploadSpec(tensors={"w": TensorSpec((3,), torch.float32)})
+    def upload_spec(self, state: torch.Tensor, round: int, client: int) -> UploadSpec:
+        return UploadSpec(
+            tensors={"w": TensorSpec((3,), torch.float32)}, meta={"num_samples": NUM_SAMPLES}
+        )
 
     def aggregate(
         self, state: torch.Tensor, uploads: dict[int, Upload], round: int
@@ -103,7 +119,7 @@ class Toy(Method):
         return WeightPredictor(state)
 
 
-def toy_job(spec: JobSpec = JobSpec(), seed: int = 3, **cfg: Any) -> FlowerJob:  # noqa: B008
+def toy_job(spec: JobSpec | None = None, seed: int = 3, **cfg: Any) -> Job:
     n = 12
     train = ImageSet(
         images=torch.arange(n * 4, dtype=torch.uint8).reshape(n, 1, 2, 2),
@@ -123,31 +139,17 @@ def toy_job(spec: JobSpec = JobSpec(), seed: int = 3, **cfg: Any) -> FlowerJob: 
         eval_transform=None,  # type: ignore[arg-type]
         seed=seed,
     )
-    return FlowerJob(
-        spec=spec,
+    return Job(
         method=Toy(ToyConfig(**cfg), run),
         run=run,
-        train=train,
-        federation=fed,
+        clients=PartitionedData(train, fed),  # type: ignore[arg-type]
         seed=seed,
         evaluator=lambda p: {"score": float(p.w.sum())},
     )
 
 
-def run_both(job: FlowerJob) -> tuple[Any, Any]:
-    sim = run_simulation(
-        job.method,
-        job.run,
-        job.train,
-        job.federation,
-        seed=job.seed,
-        progress=False,
-        evaluator=job.evaluator,
-    )
-    flw = run_flower(
-        job.method, job.run, job.train, job.federation, seed=job.seed, evaluator=job.evaluator
-    )
-    return sim, flw
+def run_both(job: Job) -> tuple[Any, Any]:
+    return SimulationRuntime().execute(job), FlowerLoopbackRuntime().execute(job)
 
 
 # --------------------------------------------------------------------------- wire records
@@ -230,57 +232,159 @@ def test_invalid_upload_is_dropped_with_reason_and_run_goes_on() -> None:
 
 
 def test_client_exception_becomes_error_reply_and_client_is_dropped() -> None:
-    flw = run_flower(*_objects(toy_job(crash_client=0)))
+    flw = FlowerLoopbackRuntime().execute(toy_job(crash_client=0))
     assert all(r.accepted == [1, 2] for r in flw.rounds)
     assert "RuntimeError: disk full" in flw.rounds[0].refused[0]
 
 
-def _objects(job: FlowerJob) -> tuple[Any, ...]:
-    return job.method, job.run, job.train, job.federation
-
-
 def test_every_upload_refused_is_an_error() -> None:
     with pytest.raises(UploadError, match="round 0: every upload was refused"):
-        run_flower(*_objects(toy_job(nan_clients=(0, 1, 2))))
+        FlowerLoopbackRuntime().execute(toy_job(nan_clients=(0, 1, 2)))
 
 
-def test_serve_job_refuses_nodes_built_with_another_method_config() -> None:
+def _grid(job: Job, nodes: int = 3, builder: Any = None) -> LoopbackGrid:
+    return LoopbackGrid(make_client_app(builder or (lambda s: job), JobSpec()), nodes)
+
+
+def test_grid_runtime_refuses_nodes_built_with_another_method_config() -> None:
     job = toy_job(rounds=1)
-    grid = LoopbackGrid(make_client_app(lambda s: toy_job(s, rounds=2), job.spec), 3)
+    grid = _grid(job, builder=lambda s: toy_job(s, rounds=2))
     with loopback_identity(), pytest.raises(ConfigError, match="method_config: here"):
-        serve_job(grid, job)
+        FlowerGridRuntime(grid).execute(job)
 
 
 # --------------------------------------------------------------------------- discovery
 def test_discovery_maps_partition_ids_to_nodes() -> None:
     job = toy_job()
-    grid = LoopbackGrid(make_client_app(lambda s: job, job.spec), 3)
+    grid = _grid(job)
     with loopback_identity():
-        nodes = discover_clients(grid, job, timeout=5)
+        nodes = discover_clients(grid, job, job_digest(job), timeout=5)
     assert sorted(nodes) == [0, 1, 2] and sorted(nodes.values()) == sorted(grid.get_node_ids())
 
 
 def test_discovery_fails_clearly_when_nodes_are_missing() -> None:
     job = toy_job()
-    grid = LoopbackGrid(make_client_app(lambda s: job, job.spec), 2)
     with loopback_identity(), pytest.raises(OsflError, match="only 2 of 3 SuperNodes connected"):
-        discover_clients(grid, job, timeout=0.2)
+        discover_clients(_grid(job, 2), job, job_digest(job), timeout=0.2)
 
 
 def test_discovery_names_the_part_that_differs() -> None:
     job = toy_job(seed=3)
-    grid = LoopbackGrid(make_client_app(lambda s: toy_job(s, seed=4), job.spec), 3)
+    grid = _grid(job, builder=lambda s: toy_job(s, seed=4))
     assert job_digest(job) != job_digest(toy_job(seed=4))
     with loopback_identity(), pytest.raises(ConfigError, match=r"seed: here 4 vs server 3"):
-        discover_clients(grid, job, timeout=5)
+        discover_clients(grid, job, job_digest(job), timeout=5)
 
 
 def test_node_with_out_of_range_partition_id_is_refused() -> None:
     job = toy_job()
-    grid = LoopbackGrid(make_client_app(lambda s: job, job.spec), 4)  # node 3 has no client
-    with loopback_identity():
-        nodes = discover_clients(grid, job, timeout=5)  # logged, the run has its 3 clients
+    with loopback_identity():  # node 3 has no client: logged, the run has its 3 clients
+        nodes = discover_clients(_grid(job, 4), job, job_digest(job), timeout=5)
     assert sorted(nodes) == [0, 1, 2]
+
+
+def test_two_nodes_claiming_one_partition_id_are_refused() -> None:
+    job = toy_job()
+    grid = _grid(job)
+    first, second = list(grid._contexts.values())[:2]
+    second.node_config = {**second.node_config, "partition-id": 0}  # a copy of node 0
+    with loopback_identity(), pytest.raises(ConfigError, match=r"both claim partition-id 0"):
+        discover_clients(grid, job, job_digest(job), timeout=0.5)
+    assert first.node_config["partition-id"] == 0
+
+
+# --------------------------------------------------------------------------- wire refusals
+class _Counting(ProgressTask):
+    def __init__(self) -> None:
+        self.n = 0
+
+    def advance(self, amount: float = 1.0, *, description: str | None = None) -> None:
+        self.n += 1
+
+
+def _node_reply(job: Job, *, client: int, digest: str) -> Message:
+    """Node 0's reply to a train message addressed to ``client`` of job ``digest``."""
+    grid = _grid(job)
+    payload = job.method.broadcast(job.method.init_state(), 0).to_bytes()
+    env = rec.Envelope(payload, 0, client, digest)
+    with loopback_identity():
+        node0 = min(grid.get_node_ids())
+        msg = Message(rec.pack(env), dst_node_id=node0, message_type=rec.MSG_TRAIN, group_id="0")
+        (reply,) = grid.send_and_receive([msg])
+    return reply
+
+
+def test_node_refuses_a_message_for_another_client() -> None:
+    job = toy_job()
+    reply = _node_reply(job, client=2, digest=job_digest(job))
+    assert reply.has_error() and "addressed client 2 to this node, which is partition-id 0" in (
+        reply.error.reason
+    )
+
+
+def test_node_refuses_a_message_of_another_job() -> None:
+    job = toy_job()
+    reply = _node_reply(job, client=0, digest="0123456789abcdef")
+    assert reply.has_error() and "server runs job 0123456789abcdef" in reply.error.reason
+
+
+def test_server_refuses_replies_for_another_client_round_or_job() -> None:
+    """A reply whose envelope names another client, round or job is dropped with
+    the reason (a confused or hostile node cannot slip its upload in)."""
+    job = toy_job()
+    digest = job_digest(job)
+    up = Upload({"w": torch.zeros(3)}, {"num_samples": 4}).to_bytes()
+
+    class Forging(LoopbackGrid):
+        def __init__(self, wrong: dict[str, Any]):
+            super().__init__(make_client_app(lambda s: job, JobSpec()), 3)
+            self.wrong = wrong
+
+        def pull_messages(self, message_ids: Any) -> Any:
+            out = []
+            for reply in super().pull_messages(message_ids):
+                if reply.metadata.message_type != rec.MSG_TRAIN:
+                    out.append(reply)  # discovery replies pass unchanged
+                    continue
+                env = rec.unpack(reply.content)
+                fields = {"round": env.round, "client": env.client, "job": env.job, **self.wrong}
+                forged = rec.Envelope(up, fields["round"], fields["client"], fields["job"])
+                reply.content = rec.pack(forged)  # same sender, forged envelope
+                out.append(reply)
+            return out
+
+    payload = job.method.broadcast(job.method.init_state(), 0).to_bytes()
+    for wrong, words in (
+        ({"client": 2}, "reply is for client 2"),
+        ({"round": 5}, "round 5"),
+        ({"job": "feedfacefeedface"}, "job feedfacefeedface"),
+    ):
+        grid = Forging(wrong)
+        with loopback_identity():
+            nodes = discover_clients(grid, job, digest, timeout=5)
+            turns = GridTransport(grid, nodes, digest, 5).exchange(0, [0], payload, _Counting())
+        assert turns[0].upload is None and words in (turns[0].failure or ""), wrong
+
+
+def test_server_counts_a_missing_reply_as_a_timeout() -> None:
+    job = toy_job()
+    digest = job_digest(job)
+
+    class Silent(LoopbackGrid):
+        def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> Any:
+            msgs = list(messages)
+            if msgs and msgs[0].metadata.message_type == rec.MSG_TRAIN:
+                return []  # no node answered within the round timeout
+            return super().send_and_receive(msgs, timeout=timeout)
+
+    grid = Silent(make_client_app(lambda s: job, JobSpec()), 3)
+    payload = job.method.broadcast(job.method.init_state(), 0).to_bytes()
+    with loopback_identity():
+        nodes = discover_clients(grid, job, digest, timeout=5)
+        task = _Counting()
+        turns = GridTransport(grid, nodes, digest, 7).exchange(0, [0, 1], payload, task)
+    assert all(t.upload is None and "no reply within 7 s" in (t.failure or "") for t in turns.values())
+    assert task.n == 2
 
 
 # --------------------------------------------------------------------------- experiment jobs
@@ -293,7 +397,6 @@ def _tiny_overrides() -> tuple[str, ...]:
         "train.batch_size=16",
         "method.fedavg.rounds=2",
         "cache_dir=null",
-        "progress=false",
     )
 
 
@@ -310,10 +413,13 @@ def sim_fedavg_record() -> dict[str, Any]:
 def test_experiment_server_app_writes_the_simulation_record(
     tmp_path: Path, sim_fedavg_record: dict[str, Any]
 ) -> None:
+    from osfl.assembly import job_from_spec
+    from osfl.flower_app.apps import serve_experiment
+
     spec = JobSpec(method="fedavg", overrides=_tiny_overrides(), out_dir=str(tmp_path / "run"))
     got: list[dict[str, Any]] = []
-    server = make_server_app(on_result=lambda res, record: got.append(record))
-    grid = LoopbackGrid(make_client_app(), 3, run_config=spec.to_run_config())
+    server = make_server_app(lambda grid, s: got.append(serve_experiment(grid, s)[1]))
+    grid = LoopbackGrid(make_client_app(job_from_spec), 3, run_config=spec.to_run_config())
     ctx = Context(
         run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=spec.to_run_config()
     )
@@ -331,13 +437,16 @@ def test_experiment_server_app_writes_the_simulation_record(
 def test_experiment_server_app_refuses_to_overwrite_a_run(tmp_path: Path) -> None:
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.json").write_text("{}")
+    from osfl.assembly import job_from_spec
+    from osfl.flower_app.apps import server_app
+
     spec = JobSpec(method="fedavg", overrides=_tiny_overrides(), out_dir=str(tmp_path / "run"))
-    grid = LoopbackGrid(make_client_app(), 3, run_config=spec.to_run_config())
+    grid = LoopbackGrid(make_client_app(job_from_spec), 3, run_config=spec.to_run_config())
     ctx = Context(
         run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=spec.to_run_config()
     )
     with loopback_identity(), pytest.raises(ConfigError, match=r"already holds a metrics\.json"):
-        make_server_app()(grid, ctx)
+        server_app(grid, ctx)
     assert (tmp_path / "run" / "metrics.json").read_text() == "{}"
 
 
@@ -353,7 +462,7 @@ def test_runtime_flower_in_osfl_run_equals_simulation(sim_fedavg_record: dict[st
 
 
 def test_load_experiment_reads_yaml_text_and_refuses_missing_files(tmp_path: Path) -> None:
-    from osfl.fl.runtime.flower_experiment import load_experiment
+    from osfl.assembly import load_experiment
 
     cfg, name, seed = load_experiment(
         JobSpec(experiment="methods: [ensemble]\nseeds: [7, 8]\n", overrides=("train.epochs=2",))
@@ -380,8 +489,8 @@ def test_written_app_is_a_valid_flower_app(tmp_path: Path) -> None:
     assert JobSpec.from_run_config(run_config) == JobSpec(method="ensemble", seed=2)
     comps = config["tool"]["flwr"]["app"]["components"]
     assert comps == {
-        "serverapp": "osfl.fl.runtime.flower:server_app",
-        "clientapp": "osfl.fl.runtime.flower:client_app",
+        "serverapp": "osfl.flower_app.apps:server_app",
+        "clientapp": "osfl.flower_app.apps:client_app",
     }
 
 
@@ -390,14 +499,15 @@ def test_flower_simulation_without_ray_says_what_to_install(
 ) -> None:
     import importlib.util
 
-    from osfl.fl.runtime.flower import run_flower_simulation
+    from osfl.assembly import job_from_spec
+    from osfl.fl.runtime.flower_engine import FlowerEngineRuntime
 
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda n, *a: None if n == "ray" else real(n, *a)
     )
     with pytest.raises(ConfigError, match=r"pip install 'flwr\[simulation\]'"):
-        run_flower_simulation(JobSpec())
+        FlowerEngineRuntime(job_from_spec, JobSpec())
 
 
 # --------------------------------------------------------------------------- real processes (slow)
@@ -409,13 +519,12 @@ def test_real_superlink_and_supernodes_match_simulation(tmp_path: Path) -> None:
     count changes CPU reductions in the last bits)."""
     from osfl.config import load_config
     from osfl.experiment import run_experiment
-    from osfl.fl.runtime.flower_local import LocalFederation, descendants
+    from osfl.flower_app.local import LocalFederation, descendants
 
     overrides = (
         "partition.num_clients=3",
         "train.epochs=2",
         f"cache_dir={tmp_path / 'flower-cache'}",
-        "progress=false",
     )
     records = {}
     fed = LocalFederation(3, tmp_path / "fed", env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
@@ -433,7 +542,7 @@ def test_real_superlink_and_supernodes_match_simulation(tmp_path: Path) -> None:
     torch.set_num_threads(1)
     try:
         cfg = load_config(
-            None, [*overrides[:-2], "cache_dir=null", "progress=false", "methods=[fedavg,ensemble]"]
+            None, [*overrides[:-1], "cache_dir=null", "methods=[fedavg,ensemble]"]
         )
         sim = {r["method"]: r for r in run_experiment(cfg)}
     finally:
@@ -471,16 +580,14 @@ def test_flower_simulation_engine_matches_simulation(tmp_path: Path) -> None:
     pytest.importorskip("ray")
     from osfl.config import load_config
     from osfl.experiment import run_experiment
-    from osfl.fl.runtime.flower import run_flower_simulation
 
-    spec = JobSpec(method="fedavg", overrides=_tiny_overrides(), out_dir=str(tmp_path / "run"))
-    res, record = run_flower_simulation(spec)
+    cfg = load_config(None, [*_tiny_overrides(), "methods=[fedavg]"])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # Ray gives each actor one CPU: one torch thread
     try:
-        cfg = load_config(None, [*spec.overrides, "methods=[fedavg]"])
+        (engine,) = run_experiment(dataclasses.replace(cfg, runtime="flower_engine"))
         (sim,) = run_experiment(cfg)
     finally:
         torch.set_num_threads(threads)
-    assert record is not None and record["global_test_accuracy"] == sim["global_test_accuracy"]
-    assert res.bytes_up == sim["bytes_up"]
+    assert engine["global_test_accuracy"] == sim["global_test_accuracy"]
+    assert engine["bytes_up"] == sim["bytes_up"]

@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import osfl.methods  # noqa: F401  (registers the methods)
+from osfl.assembly import build_federation, build_run, load_splits
 from osfl.config import load_config
 from osfl.errors import ConfigError
-from osfl.experiment import build_federation, build_run, load_splits
 from osfl.fl.evaluate import evaluate
 from osfl.fl.method import METHODS
 from osfl.fl.runtime.simulation import run_simulation
@@ -48,7 +48,7 @@ def run(setup, name: str, **options: object) -> float:
     ctx = build_run(cfg, splits, fed, 0)
     cls = METHODS.get(name)
     method = cls(method_config(cls, options), ctx)
-    res = run_simulation(method, ctx, splits.train, fed, progress=False)
+    res = run_simulation(method, ctx, splits.train, fed)
     return evaluate(res.predictor, splits.test, ctx.eval_transform, "cpu").accuracy, res
 
 
@@ -110,14 +110,18 @@ def test_fedftg_uploads_class_counts_and_drops_bad_ones(setup) -> None:
     counts = res.state["num_samples"]
     assert sorted(counts) == [0, 1, 2]
     # the class counts each client uploaded are its true label histogram
-    from osfl.fl.upload import Upload
+    from osfl.errors import UploadError
+    from osfl.fl.upload import Upload, validate
     from osfl.methods.kd.fedftg import FedFTG, FedFTGConfig
 
     method = FedFTG(FedFTGConfig(), build_run(cfg, splits, fed, 0))
-    good = Upload(meta={"num_samples": 3, "class_counts": [1, 2] + [0] * 8})
-    assert method._counts_ok(0, good)
+    state = method.init_state()
+    spec = method.upload_spec(state, 0, 0)
+    tensors = dict(state["init"])
+    validate(Upload(tensors, {"num_samples": 3, "class_counts": [1, 2] + [0] * 8}), spec)
     for bad in ([1, 2], [1, 1] + [0] * 8, [-1, 4] + [0] * 8, "x"):
-        assert not method._counts_ok(0, Upload(meta={"num_samples": 3, "class_counts": bad}))
+        with pytest.raises(UploadError, match=r"meta\.class_counts"):
+            validate(Upload(tensors, {"num_samples": 3, "class_counts": bad}), spec, client=0)
 
 
 def test_fedftg_label_sampling_and_diversity() -> None:

@@ -13,7 +13,7 @@ import torch
 from osfl.data.sources import load_data
 from osfl.errors import ConfigError, OsflError
 from osfl.fl.observation import Observation
-from osfl.fl.training import TrainConfig
+from osfl.fl.train_config import TrainConfig
 from osfl.models import create_model
 from osfl.privacy import ATTACKS, ObservationError, run_attack
 from osfl.privacy.label_recovery.coefficients import LocalDynamics, rho_numeric
@@ -324,7 +324,8 @@ def test_rlu_on_observations_recorded_by_a_scheme_run(digits, method, options):
     the scheme's history (h term) in round 1 and recovers the labels."""
     import osfl.methods  # noqa: F401  (registers the schemes)
     from osfl.data.partition import make_federation
-    from osfl.fl.method import METHODS, ModelSpec, RunContext
+    from osfl.fl.context import ModelSpec, RunContext
+    from osfl.fl.method import METHODS
     from osfl.fl.runtime.simulation import run_simulation
     from osfl.privacy.audit import AuditRecorder
 
@@ -339,23 +340,22 @@ def test_rlu_on_observations_recorded_by_a_scheme_run(digits, method, options):
         train=TrainConfig(steps=3, batch_size=16, lr=0.05, drop_last=True, amp=False),
         train_transform=None,
         eval_transform=None,
-        progress=False,
     )
     cls = METHODS.get(method)
     m = cls(cls.Config(rounds=2, **options), run)
     rec = AuditRecorder(m, run, rounds=[1])
-    run_simulation(m, run, sub, fed, observers=[rec], progress=False)
+    run_simulation(m, run, sub, fed, observers=[rec])
     assert len(rec.observations) == 3
     for obs in rec.observations:
-        assert any(k.startswith(f"history.{method}.") for k in obs.upload)
+        assert obs.history and all(k.startswith(f"history.{method}.") for k in obs.history)
+        assert not any(k.startswith("history.") for k in obs.upload)
         res = run_attack("rlu", obs, aux, num_samples=1024)
         assert res.counts.sum() == 48
         assert res.score(obs.truth["labels"])["iAcc"] >= 0.7
     # without the history the h term is unknown: refused, naming the tensor
     obs = rec.observations[0]
-    bare = {k: v for k, v in obs.upload.items() if not k.startswith("history.")}
     with pytest.raises(ObservationError, match=r"history\."):
-        run_attack("rlu", _replace(obs, upload=bare), aux)
+        run_attack("rlu", _replace(obs, history={}), aux)
 
 
 # ------------------------------------------------------------------ posterior search pieces

@@ -17,9 +17,12 @@ NUM_CLASSES = 7
 
 
 def _kwargs(name: str) -> dict:
-    """Small but faithful settings: the 224-px models run at 32 px with 2 blocks."""
+    """Small but faithful settings: the 224-px models run at 32 px with 2 blocks,
+    the 518-px DINOv2 ones at 28 px (2×2 patches of 14) with 2 blocks."""
     if name.endswith("_224"):
         return {"img_size": 32, "depth": 2}
+    if name.startswith("dinov2_"):
+        return {"img_size": 28, "depth": 2}
     if name.startswith("vit_"):
         return {"depth": 2}
     return {}
@@ -93,6 +96,13 @@ def test_registry_names() -> None:
         "vit_tiny_patch4_32",
         "vit_small_patch4_32",
         "vit_tiny_patch2_16",
+        "dinov2_small",
+        "dinov2_base",
+        "dinov2_large",
+        "dinov2_small_reg",
+        "dinov2_base_reg",
+        "tv_resnet18",
+        "tv_resnet50",
     }
     assert expected <= names
     assert list_models("resnet*") == ["resnet18", "resnet50"]
@@ -110,10 +120,13 @@ def test_registry_names() -> None:
         ("vgg16", 14_728_266 - 2 * 4224, 512),  # minus 13 BN layers' weight+bias (2·4224)
         # 456 + 2416 + 48120 + 10164 + 850
         ("lenet5", 62_006, 84),
+        # torchvision's resnet18 / resnet50 at their default 1000 classes
+        ("tv_resnet18", 11_689_512, 512),
+        ("tv_resnet50", 25_557_032, 2048),
     ],
 )
 def test_cnn_sizes_match_reference(name: str, params: int, dim: int) -> None:
-    model = create_model(name, num_classes=10)
+    model = create_model(name, num_classes=1000 if name.startswith("tv_") else 10)
     assert sum(p.numel() for p in model.parameters()) == params
     assert model.num_features == dim
 
@@ -126,6 +139,25 @@ def test_cnn_small_is_small_and_handles_digit_sizes() -> None:
         assert model(torch.rand(3, 1, size, size)).shape == (3, 10)
     plain = create_model("cnn_small", norm=False)
     assert not any(isinstance(m, nn.BatchNorm2d) for m in plain.modules())
+
+
+def test_imagenet_stem() -> None:
+    """torchvision's stem: 7×7/2 conv and 3×3/2 max-pool, so 64 px reach layer1 at 16 px."""
+    model = create_model("tv_resnet18", num_classes=3).eval()
+    assert model.conv1.kernel_size == (7, 7) and model.conv1.stride == (2, 2)
+    assert isinstance(model.maxpool, nn.MaxPool2d)
+    assert "maxpool" in model.feature_extractor()._modules
+    seen = {}
+
+    def record(module: nn.Module, inputs: tuple, out: torch.Tensor) -> None:
+        seen["layer1"] = out.shape
+
+    model.layer1.register_forward_hook(record)
+    assert model(torch.rand(1, 3, 64, 64)).shape == (1, 3)
+    assert seen["layer1"] == (1, 64, 16, 16)
+    assert not hasattr(create_model("resnet18"), "maxpool")
+    with pytest.raises(ConfigError, match=r"unknown resnet stem 'deep'.*cifar, imagenet"):
+        create_model("resnet18", stem="deep")
 
 
 def test_vgg_and_resnet_accept_small_and_grey_inputs() -> None:

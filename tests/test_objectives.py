@@ -9,7 +9,8 @@ from torch import nn
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
 from osfl.fl.objectives import OBJECTIVE_TERMS, ObjectiveTerm, ProximalTerm
-from osfl.fl.training import TrainConfig, train_local
+from osfl.fl.train_config import TrainConfig
+from osfl.fl.training import train_local
 
 
 def make_model(seed: int = 0) -> nn.Module:

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from osfl.errors import ConfigError, DataError
-from osfl.fl.method import ModelSpec, RunContext
+from osfl.fl.context import ModelSpec, RunContext
 from osfl.fl.observation import Observation, load_observations
 from osfl.fl.observers import (
     ByteCounter,
@@ -22,7 +22,7 @@ from osfl.fl.observers import (
     Observer,
     Observers,
 )
-from osfl.fl.training import TrainConfig
+from osfl.fl.train_config import TrainConfig
 from osfl.fl.upload import Broadcast, Upload
 
 

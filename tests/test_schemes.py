@@ -14,7 +14,8 @@ from torch import nn
 
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
-from osfl.fl.method import METHODS, ModelSpec, RunContext
+from osfl.fl.context import ModelSpec, RunContext
+from osfl.fl.method import METHODS
 from osfl.fl.objectives import (
     OBJECTIVE_TERMS,
     FedDCTerm,
@@ -23,7 +24,8 @@ from osfl.fl.objectives import (
     effective_lr_sum,
 )
 from osfl.fl.runtime.simulation import run_simulation
-from osfl.fl.training import TrainConfig, train_local
+from osfl.fl.train_config import TrainConfig
+from osfl.fl.training import train_local
 from osfl.fl.upload import Upload
 from osfl.methods.schemes import SchemeState
 
@@ -194,7 +196,6 @@ def make_run(train: ImageSet, num_clients: int, **train_cfg: Any) -> RunContext:
         train_transform=tf,
         eval_transform=tf,
         seed=0,
-        progress=False,
     )
 
 
@@ -210,7 +211,7 @@ def simulate(name: str, options: dict, train: ImageSet, fed: Any, run: RunContex
         def evaluator(pred):
             return evaluate(pred, test, run.eval_transform, run.device).as_dict()
 
-    result = run_simulation(method, run, train, fed, progress=False, evaluator=evaluator)
+    result = run_simulation(method, run, train, fed, evaluator=evaluator)
     return method, result
 
 
@@ -274,8 +275,9 @@ def test_scaffold_server_knows_the_client_control_variates(digits) -> None:
     mean_ci = {k: sum(state.clients[c]["c_i"][k] for c in range(5)) / 5 for k in state.server["c"]}
     for k, v in state.server["c"].items():
         torch.testing.assert_close(v, mean_ci[k], rtol=1e-5, atol=1e-6)
-        for c in range(5):  # the server's copy equals the client's own c_i
-            torch.testing.assert_close(state.clients[c]["c_i"][k], method._memory[c]["c_i"][k])
+        for c in range(5):  # the server's copy equals the client's own c_i (its ClientState)
+            own = res.client_states[c].tensors[f"c_i.{k}"]
+            torch.testing.assert_close(state.clients[c]["c_i"][k], own)
     hist = method.audit_history(state, 3)
     head = "fc.bias"
     assert torch.equal(hist[f"history.scaffold.c.{head}"], state.server["c"][head])

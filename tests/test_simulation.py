@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -14,11 +15,13 @@ import torch
 from osfl.data.imageset import ImageSet
 from osfl.data.partition import make_federation
 from osfl.errors import UploadError
-from osfl.fl.method import Method, ModelSpec, Predictor, RunContext
+from osfl.fl.context import ModelSpec, RunContext
+from osfl.fl.method import Method, Predictor, sample_fraction
 from osfl.fl.observers import Observer
+from osfl.fl.progress import Progress, ProgressTask
 from osfl.fl.runtime.simulation import run_simulation
-from osfl.fl.training import TrainConfig
-from osfl.fl.upload import Broadcast, TensorSpec, Upload, UploadSpec
+from osfl.fl.train_config import TrainConfig
+from osfl.fl.upload import NUM_SAMPLES, Broadcast, TensorSpec, Upload, UploadSpec
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,13 @@ class Toy(Method):
         self.returned: list[Upload] = []  # the Upload objects the clients returned
         self.aggregated: list[tuple[int, list[int], list[Upload]]] = []  # round, clients, uploads
 
+    @property
+    def rounds(self) -> int:
+        return self.config.rounds
+
+    def sample_clients(self, round: int, num_clients: int, rng: Any) -> list[int]:
+        return sample_fraction(self.config.client_fraction, round, num_clients, rng)
+
     def init_state(self) -> dict[str, torch.Tensor]:
         return {"w": torch.zeros(3)}
 
@@ -62,9 +72,9 @@ class Toy(Method):
         self.returned.append(up)
         return up
 
-    def upload_spec(self, state: Any, round: int) -> UploadSpec:
+    def upload_spec(self, state: Any, round: int, client: int) -> UploadSpec:
         return UploadSpec(
-            tensors={"w": TensorSpec((3,), torch.float32)}, meta_keys=("num_samples",)
+            tensors={"w": TensorSpec((3,), torch.float32)}, meta={"num_samples": NUM_SAMPLES}
         )
 
     def aggregate(
@@ -119,12 +129,14 @@ def tiny() -> tuple[ImageSet, Any, RunContext]:
     return train, fed, run
 
 
-def simulate(tiny, progress: bool = False, **kw: Any) -> tuple[Toy, Any]:
+def simulate(tiny, progress: Progress | None = None, **kw: Any) -> tuple[Toy, Any]:
     train, fed, run = tiny
+    if progress is not None:
+        run = dataclasses.replace(run, progress=progress)
     cfg_keys = {"rounds", "client_fraction", "bad_clients"}
     method = Toy(ToyConfig(**{k: v for k, v in kw.items() if k in cfg_keys}), run)
     rest = {k: v for k, v in kw.items() if k not in cfg_keys}
-    return method, run_simulation(method, run, train, fed, progress=progress, **rest)
+    return method, run_simulation(method, run, train, fed, **rest)
 
 
 def test_every_message_crosses_the_wire_and_bytes_are_exact(tiny):
@@ -142,7 +154,6 @@ def test_every_message_crosses_the_wire_and_bytes_are_exact(tiny):
     assert sum(r.bytes_up for r in res.rounds) == res.bytes_up
     assert sum(r.bytes_down for r in res.rounds) == res.bytes_down
     assert set(res.time_s) == {"client", "server", "eval", "total"}
-    assert res.flops is None  # no upload reported flops
 
 
 def test_observer_hook_order_and_truth(tiny):
@@ -161,7 +172,7 @@ def test_observer_hook_order_and_truth(tiny):
 
 
 def test_refused_upload_is_dropped_and_round_goes_on(tiny, caplog):
-    with caplog.at_level(logging.WARNING, logger="osfl.fl.runtime.simulation"):
+    with caplog.at_level(logging.WARNING, logger="osfl.fl.runtime.rounds"):
         method, res = simulate(tiny, rounds=2, bad_clients=(1,))
     assert [clients for _, clients, _ in method.aggregated] == [[0, 2, 3], [0, 2, 3]]
     for r in res.rounds:
@@ -221,9 +232,36 @@ def test_evaluator_and_intermediate_rounds(tiny):
     assert res.rounds[-1].as_dict()["metrics"] == {"global_test_accuracy": 0.25}
 
 
-def test_progress_bar_path_runs(tiny):
-    _, res = simulate(tiny, rounds=2, progress=True)
+class CountingProgress(Progress):
+    """A board that records every bar: its description, total and advances."""
+
+    enabled = True
+
+    def __init__(self) -> None:
+        self.bars: list[list[Any]] = []
+
+    def task(self, description: str, total: float | None = None) -> ProgressTask:
+        bar = [description, total, 0, False]
+        self.bars.append(bar)
+
+        class Task(ProgressTask):
+            def advance(self, amount: float = 1.0, *, description: str | None = None) -> None:
+                bar[2] += amount
+
+            def close(self) -> None:
+                bar[3] = True
+
+        return Task()
+
+
+def test_progress_shows_rounds_and_clients_and_closes_every_bar(tiny):
+    board = CountingProgress()
+    _, res = simulate(tiny, rounds=2, progress=board)
     assert len(res.rounds) == 2
+    described = {b[0]: b for b in board.bars}
+    assert described["toy: rounds"][1:] == [2, 2, True]
+    assert described["toy: round 1/2, clients"][1:] == [4, 4, True]
+    assert described["toy: round 2/2, clients"][1:] == [4, 4, True]
 
 
 def test_real_fedavg_parallel_equals_sequential(digits_run):
@@ -234,7 +272,7 @@ def test_real_fedavg_parallel_equals_sequential(digits_run):
     train, fed, run = digits_run
     cfg = FedAvgConfig(rounds=2, local_epochs=1)
     before = torch.get_num_threads()
-    kw = {"progress": False, "threads_per_client": 1}
+    kw = {"threads_per_client": 1}
     seq = run_simulation(FedAvg(cfg, run), run, train, fed, **kw)
     par = run_simulation(FedAvg(cfg, run), run, train, fed, parallel_clients=2, **kw)
     assert torch.get_num_threads() == before  # restored
@@ -261,7 +299,6 @@ def digits_run() -> tuple[ImageSet, Any, RunContext]:
         train_transform=tf,
         eval_transform=tf,
         seed=0,
-        progress=False,
     )
     assert np.all(fed.sizes > 0)
     return train, fed, run

@@ -14,7 +14,8 @@ from torch import nn
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError, DataError
 from osfl.fl.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_at
-from osfl.fl.training import TrainConfig, TrainStats, train_local
+from osfl.fl.train_config import TrainConfig
+from osfl.fl.training import TrainStats, train_local
 
 
 class TinyNet(nn.Module):
@@ -247,9 +248,31 @@ def test_grad_clip_bounds_the_step() -> None:
     assert 0 < float(moved.detach()) <= 1e-3 * (1 + 1e-5)
 
 
-def test_progress_bar_runs() -> None:
-    _, stats = run(TrainConfig(steps=3, batch_size=8), progress=True)
+def test_progress_bar_counts_every_step_and_closes() -> None:
+    from osfl.fl.progress import Progress, ProgressTask
+
+    seen: list[tuple[str, float | None]] = []
+    advanced: list[float] = []
+    closed: list[bool] = []
+
+    class Board(Progress):
+        enabled = True
+
+        def task(self, description: str, total: float | None = None) -> ProgressTask:
+            seen.append((description, total))
+
+            class Task(ProgressTask):
+                def advance(self, amount: float = 1.0, *, description: str | None = None):
+                    advanced.append(amount)
+
+                def close(self) -> None:
+                    closed.append(True)
+
+            return Task()
+
+    _, stats = run(TrainConfig(steps=3, batch_size=8), progress=Board(), description="c0")
     assert stats.steps == 3
+    assert seen == [("c0", 3)] and sum(advanced) == 3 and closed == [True]
 
 
 # --- optimizers and schedules -----------------------------------------------------------

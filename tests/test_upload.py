@@ -10,7 +10,9 @@ import torch
 
 from osfl.errors import ConfigError, UploadError
 from osfl.fl.upload import (
+    NUM_SAMPLES,
     Broadcast,
+    MetaSpec,
     TensorSpec,
     Upload,
     UploadSpec,
@@ -19,6 +21,8 @@ from osfl.fl.upload import (
     validate,
 )
 from osfl.registry import Registry
+
+_N = {"num_samples": NUM_SAMPLES}
 
 
 def _upload() -> Upload:
@@ -70,7 +74,7 @@ def test_garbage_and_pickles_are_refused_not_unpickled(capsys) -> None:
 
 
 def test_validate_accepts_a_matching_upload() -> None:
-    spec = UploadSpec({"w": TensorSpec((3, None), torch.float32)}, meta_keys=("num_samples",))
+    spec = UploadSpec({"w": TensorSpec((3, None), torch.float32)}, meta={"num_samples": NUM_SAMPLES})
     validate(_upload(), spec, client=1)
 
 
@@ -79,21 +83,22 @@ def test_validate_accepts_a_matching_upload() -> None:
     [
         (Upload({}), UploadSpec({"w": TensorSpec()}), "w", "missing"),
         (_upload(), UploadSpec({}), "w", "unexpected"),
-        (_upload(), UploadSpec({"w": TensorSpec((4, 4))}), "w", "shape"),
-        (_upload(), UploadSpec({"w": TensorSpec(dtype=torch.float16)}), "w", "dtype"),
+        (_upload(), UploadSpec({"w": TensorSpec((4, 4))}, meta=_N), "w", "shape"),
+        (_upload(), UploadSpec({"w": TensorSpec(dtype=torch.float16)}, meta=_N), "w", "dtype"),
         (
             Upload({"w": torch.tensor([1.0, float("inf")])}),
             UploadSpec({"w": TensorSpec()}),
             "w",
             "NaN or Inf",
         ),
-        (_upload(), UploadSpec({"w": TensorSpec()}, max_bytes=10), "*", "exceeds"),
+        (_upload(), UploadSpec({"w": TensorSpec()}, max_bytes=10, meta=_N), "*", "exceeds"),
         (
             _upload(),
-            UploadSpec({"w": TensorSpec()}, meta_keys=("classes",)),
-            "meta.classes",
-            "metadata",
+            UploadSpec({"w": TensorSpec()}, meta={"num_samples": NUM_SAMPLES, "c": MetaSpec()}),
+            "meta.c",
+            "missing metadata",
         ),
+        (_upload(), UploadSpec({"w": TensorSpec()}), "meta.num_samples", "unexpected metadata"),
     ],
 )
 def test_validate_names_client_and_field(upload, spec, field, words) -> None:
@@ -135,3 +140,33 @@ def test_registry_refuses_duplicates_and_lists_valid_names() -> None:
         reg.add("alpha", 2)
     with pytest.raises(ConfigError, match="valid: alpha"):
         reg.get("beta")
+
+
+def _meta_spec() -> UploadSpec:
+    counts = MetaSpec("int_list", low=0, length=3, sum_of="num_samples")
+    return UploadSpec({"w": TensorSpec()}, meta={"num_samples": NUM_SAMPLES, "counts": counts})
+
+
+@pytest.mark.parametrize(
+    ("meta", "field", "words"),
+    [
+        ({"num_samples": 0, "counts": [0, 0, 0]}, "meta.num_samples", "outside"),
+        ({"num_samples": -3, "counts": [0, 0, 0]}, "meta.num_samples", "outside"),
+        ({"num_samples": True, "counts": [1, 0, 0]}, "meta.num_samples", "integer"),
+        ({"num_samples": "7", "counts": [7, 0, 0]}, "meta.num_samples", "integer"),
+        ({"num_samples": 7.0, "counts": [7, 0, 0]}, "meta.num_samples", "integer"),
+        ({"num_samples": 7, "counts": [7, 0]}, "meta.counts", "3 items"),
+        ({"num_samples": 7, "counts": [8, -1, 0]}, "meta.counts", "outside"),
+        ({"num_samples": 7, "counts": [1, 1, 1]}, "meta.counts", "sums to 3"),
+        ({"num_samples": 7, "counts": [7, 0, "0"]}, "meta.counts", "list of integers"),
+    ],
+)
+def test_typed_metadata_is_checked_by_kind_range_length_and_sum(meta, field, words) -> None:
+    up = Upload({"w": torch.zeros(2)}, meta)
+    with pytest.raises(UploadError, match=words) as info:
+        validate(up, _meta_spec(), client=2)
+    assert info.value.field == field and info.value.client == 2
+
+
+def test_typed_metadata_accepts_a_consistent_upload() -> None:
+    validate(Upload({"w": torch.zeros(2)}, {"num_samples": 7, "counts": [3, 4, 0]}), _meta_spec())

@@ -1,5 +1,6 @@
-"""ViT/DeiT: timm parameter names and the token-level extras (sparse forward,
-attention maps, block split, token logits) against the dense forward."""
+"""ViT/DeiT/DINOv2: timm parameter names and the token-level extras (sparse
+forward, attention maps, block split, token logits) against the dense forward,
+with and without register tokens."""
 
 from __future__ import annotations
 
@@ -15,17 +16,22 @@ DEPTH, HEADS, DIM = 3, 3, 48
 N = 16  # 16 px / patch 4 -> 4x4 grid
 
 
-@pytest.fixture
-def vit() -> VisionTransformer:
+@pytest.fixture(params=[0, 2], ids=["cls", "cls+2reg"])
+def vit(request: pytest.FixtureRequest) -> VisionTransformer:
+    """Every extra must hold with register tokens too (DINOv2-reg)."""
     torch.manual_seed(0)
-    return create_model(
+    model = create_model(
         "vit_tiny_patch4_32",
         num_classes=C,
         img_size=16,
         depth=DEPTH,
         num_heads=HEADS,
         embed_dim=DIM,
+        reg_tokens=request.param,
     ).eval()
+    if model.reg_token is not None:  # O(1) registers, so that they matter
+        nn.init.normal_(model.reg_token)
+    return model
 
 
 @pytest.fixture
@@ -212,3 +218,63 @@ def test_act_option_vit() -> None:
     model = create_model("vit_tiny_patch2_16", depth=1, act="relu")
     assert isinstance(model.blocks[0].mlp.act, nn.ReLU)
     assert isinstance(create_model("vit_tiny_patch2_16", depth=1).blocks[0].mlp.act, nn.GELU)
+
+
+def test_register_tokens() -> None:
+    """Registers sit between the class token and the patches, with no position
+    embedding; ``keep_idx`` indexes patches only; avg pooling, token logits and
+    attention maps leave them out."""
+    torch.manual_seed(0)
+    r = 3
+    model = create_model(
+        "vit_tiny_patch4_32", num_classes=C, img_size=16, depth=2, embed_dim=DIM, reg_tokens=r
+    ).eval()
+    nn.init.normal_(model.reg_token)
+    assert model.state_dict()["reg_token"].shape == (1, r, DIM)
+    assert model.num_prefix_tokens == 1 + r and "reg_token" in model.no_weight_decay()
+    x = torch.randn(B, 3, 16, 16)
+    tokens = model.embed(x)
+    assert tokens.shape == (B, 1 + r + N, DIM)
+    assert torch.equal(tokens[:, 1 : 1 + r], model.reg_token.expand(B, -1, -1))
+    keep = random_keep_idx(B, N, 5, generator=torch.Generator().manual_seed(5))
+    sparse = model.embed(x, keep_idx=keep)
+    assert torch.equal(sparse[:, : 1 + r], tokens[:, : 1 + r])
+    close(sparse[:, 1 + r :], tokens[:, 1 + r :].gather(1, keep.unsqueeze(-1).expand(-1, -1, DIM)))
+    # the registers change the output (they take part in attention)
+    plain = create_model(
+        "vit_tiny_patch4_32", num_classes=C, img_size=16, depth=2, embed_dim=DIM
+    ).eval()
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if k != "reg_token"})
+    assert not torch.allclose(plain(x), model(x))
+    # token logits: class token + patches, registers left out
+    out = model.forward_tokens(x)
+    tl = model.token_logits(x)
+    assert tl.shape == (B, 1 + N, C)
+    close(tl[:, 1:], model.head(out[:, 1 + r :]))
+    # attention maps: class-to-patch columns of the full attention
+    blk = model.blocks[1]
+    full = blk.attn.attention_weights(blk.norm1(model.blocks[:1](tokens)))[:, :, 0]
+    close(model.attention_maps(x, average_heads=False), full[:, :, 1 + r :])
+    # each row sums to 1 minus the class token's attention to itself and the registers
+    close(model.attention_maps(x, average_heads=False).sum(-1), 1 - full[:, :, : 1 + r].sum(-1))
+    # avg pooling averages the patch tokens only
+    avg = create_model(
+        "vit_tiny_patch4_32", img_size=16, depth=1, embed_dim=DIM, reg_tokens=r, global_pool="avg"
+    ).eval()
+    close(avg.forward_features(x), avg.fc_norm(avg.forward_tokens(x)[:, 1 + r :].mean(1)))
+    close(avg.feature_extractor()(x), avg.forward_features(x))
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match="reg_tokens"):
+            create_model("vit_tiny_patch4_32", depth=1, reg_tokens=bad)
+
+
+def test_dinov2_hyper_parameters() -> None:
+    """timm's vit_{small,base}_patch14(_reg4)_dinov2: 518 px, patch 14, layer scale 1e-5."""
+    small = create_model("dinov2_small", depth=1)
+    assert small.patch_embed.patch_size == (14, 14) and small.patch_embed.grid_size == (37, 37)
+    assert small.embed_dim == 384 and small.blocks[0].attn.num_heads == 6
+    assert torch.equal(small.blocks[0].ls1.gamma, torch.full((384,), 1e-5))
+    assert small.reg_token is None
+    reg = create_model("dinov2_base_reg", depth=1, img_size=224)
+    assert reg.embed_dim == 768 and reg.reg_token.shape == (1, 4, 768)
+    assert reg.pos_embed.shape == (1, 1 + 16 * 16, 768)  # no position for registers

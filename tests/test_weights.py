@@ -91,11 +91,12 @@ def test_nested_pth_with_module_prefix(tmp_path: Path) -> None:
 def test_huggingface_names(tmp_path: Path) -> None:
     src, dst = vit(0), vit(1)
     hf = to_hf(src.state_dict())
-    hf["vit.pooler.dense.weight"] = torch.zeros(48, 48)  # HF-only; reported, not loaded
+    hf["vit.pooler.dense.weight"] = torch.zeros(48, 48)  # HF-only; dropped and reported
     path = save(hf, tmp_path / "model.safetensors")
-    report = load_pretrained(dst, path)
+    report = load_pretrained(dst, path, strict=True)
     assert report.format == "huggingface"
-    assert report.unexpected_keys == ("vit.pooler.dense.weight",)
+    assert report.dropped_keys == ("vit.pooler.dense.weight",)
+    assert not report.unexpected_keys
     assert_same_weights(src, dst)
     x = torch.randn(2, 3, 16, 16)
     torch.testing.assert_close(dst(x), src(x))

@@ -48,8 +48,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from osfl import report
+    from osfl.assembly import check_names, method_names
     from osfl.config import expand_sweeps, load_config, merge_sweeps, to_dict, to_yaml
-    from osfl.experiment import check_names, resolve_methods, run_experiment
+    from osfl.experiment import run_experiment
     from osfl.rundir import RunDir
 
     console = Console()
@@ -64,11 +65,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     ]
     for _, c in cfgs:  # every grid point is validated before anything runs
         check_names(c)
-    base = dataclasses.replace(base, methods=resolve_methods(base), sweep=sweeps)
+    base = dataclasses.replace(base, methods=method_names(base), sweep=sweeps)
     out = Path(args.out or base.out_dir or RunDir.default_path(base.name))
     t0 = time.perf_counter()
     records: list[dict[str, Any]] = []
-    with RunDir(out) as rd:
+    with RunDir(out) as rd, _progress_board(console, base.progress) as board:
         header = f"# osfl run {' '.join(args.items)}".rstrip() + "\n"
         rd.write_text("config.yaml", header + to_yaml(base))
         rd.event("run_start", config=config or "embedded default", points=len(points))
@@ -76,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             label = " ".join(f"{k}={v}" for k, v in point.items())
             if label:
                 console.print(f"[bold]{label}[/bold]")
-            records += run_experiment(cfg, rundir=rd, point=point)
+            records += run_experiment(cfg, rundir=rd, point=point, progress=board)
         wall = time.perf_counter() - t0
         rows = report.summarize(records)
         info = {
@@ -110,6 +111,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _progress_board(console: Any, enabled: bool) -> Any:
+    """One live progress display for the whole run when the output is a
+    terminal (bars of local training, rounds and server phases stack on it);
+    the silent board otherwise or with ``--no-progress``."""
+    from contextlib import nullcontext
+
+    from osfl.fl.progress import Progress, RichProgress
+
+    if enabled and console.is_terminal:
+        return RichProgress(console)
+    return nullcontext(Progress())
+
+
 # --------------------------------------------------------------------------- audit
 def cmd_audit(args: argparse.Namespace) -> int:
     """``osfl audit RUN_DIR --attack rlu ...``: score attacks on a run's recorded
@@ -117,7 +131,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from omegaconf import OmegaConf
     from rich.console import Console
 
-    from osfl.privacy.audit import audit_rich_table, audit_run_dir, parse_audit
+    from osfl.audit_dir import audit_run_dir
+    from osfl.privacy.audit import audit_rich_table, parse_audit
 
     options: dict[str, dict[str, Any]] = {}
     for item in args.option or []:
@@ -196,14 +211,13 @@ def cmd_partition(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- list
 def registries() -> dict[str, list[str]]:
     """Every registry a user can name in a config, by kind."""
-    import importlib
-
     import osfl.methods  # noqa: F401  (registers the methods)
     from osfl.data.partition import PARTITIONS
     from osfl.data.sources import list_datasets
     from osfl.data.transforms import PIPELINES
     from osfl.fl.method import METHODS
     from osfl.models import list_models
+    from osfl.privacy import ATTACKS
 
     def describe(name: str) -> str:
         cls = METHODS.get(name)
@@ -224,12 +238,7 @@ def registries() -> dict[str, list[str]]:
         "methods": [describe(n) for n in METHODS.names()],
         "transform pipelines": PIPELINES.names(),
     }
-    try:  # the privacy audits register their attacks here once they exist
-        attacks = getattr(importlib.import_module("osfl.privacy"), "ATTACKS", None)
-    except ImportError:
-        attacks = None
-    if attacks is not None:
-        out["attacks"] = list(attacks.names())
+    out["attacks"] = ATTACKS.names()
     return out
 
 
@@ -237,6 +246,16 @@ def cmd_list(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     console = Console()
+    if args.method:
+        import osfl.methods  # noqa: F401  (registers the methods)
+        from osfl.config import config_tree
+        from osfl.fl.method import METHODS
+
+        cls = METHODS.get(args.method)
+        console.print(f"[bold]{cls.name}[/bold]: {(cls.__doc__ or '').strip().splitlines()[0]}")
+        console.print(f"options (set as method.{cls.name}.<key>=<value>), with their defaults:")
+        console.print(config_tree(cls.Config).rstrip() or "(none)", markup=False)
+        return 0
     for kind, names in registries().items():
         console.print(f"[bold]{kind}[/bold] ({len(names)}): " + ", ".join(names))
     return 0
@@ -285,6 +304,9 @@ def build_parser() -> argparse.ArgumentParser:
     part.set_defaults(func=cmd_partition)
 
     lst = sub.add_parser("list", help="list datasets, partition schemes, models, methods, attacks")
+    lst.add_argument(
+        "--method", metavar="NAME", help="print one method's full option tree with its defaults"
+    )
     lst.set_defaults(func=cmd_list)
 
     aud = sub.add_parser("audit", help="score privacy attacks on a run's recorded observations")

@@ -19,7 +19,6 @@ https://omegaconf.readthedocs.io/en/2.3_branch/structured_config.html
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -32,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from osfl.errors import ConfigError
-from osfl.fl.training import TrainConfig
+from osfl.fl.train_config import TrainConfig
 
 
 @dataclass(frozen=True)
@@ -51,14 +50,15 @@ class DataConfig:
 class PartitionConfig:
     """How the train set is split across clients (``osfl.data.partition``).
 
-    Scheme parameters left ``None`` are not passed, so each scheme only sees
-    the ones it uses; ``seed: null`` means "the run seed" (each seed of a sweep
-    draws its own split, as the papers' mean ± std do).
+    Scheme parameters left ``None`` are not passed, so each scheme uses its own
+    default (defined once, on the scheme) and only sees the ones it takes;
+    ``seed: null`` means "the run seed" (each seed of a sweep draws its own
+    split, as the papers' mean ± std do).
     """
 
     scheme: str = "dirichlet"
     num_clients: int = 5
-    alpha: float | None = 0.1
+    alpha: float | None = None
     classes_per_client: int | None = None
     min_partition_size: int | None = None
     seed: int | None = None
@@ -190,9 +190,19 @@ def default_config_text() -> str:
     return resources.files("osfl").joinpath("configs/default.yaml").read_text()
 
 
+def _yaml_text(text: str, source: str) -> tuple[DictConfig, str]:
+    try:
+        node = OmegaConf.create(text)
+    except Exception as e:  # yaml.YAMLError and friends
+        raise ConfigError(f"cannot parse {source}: {str(e).splitlines()[0]}") from e
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"{source} must hold a mapping of config keys at its top level")
+    return node, source
+
+
 def _read_yaml(path: str | Path | None) -> tuple[DictConfig, str]:
     if path is None:
-        return OmegaConf.create(default_config_text()), "embedded default.yaml"
+        return _yaml_text(default_config_text(), "embedded default.yaml")
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}")
@@ -220,12 +230,21 @@ def load_config(
 ) -> ExperimentConfig:
     """Defaults <- YAML file (the embedded default when ``path`` is None and
     ``embedded_default``) <- dotted overrides, validated into an ExperimentConfig."""
-    schema = _schema()
     layers: list[tuple[DictConfig, str]] = []
     if path is not None or embedded_default:
         layers.append(_read_yaml(path))
+    return _merge(layers, overrides)
+
+
+def load_config_text(text: str, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """Like :func:`load_config` for YAML given as text (e.g. in Flower's run config)."""
+    return _merge([_yaml_text(text, "YAML text")], overrides)
+
+
+def _merge(layers: list[tuple[DictConfig, str]], overrides: Sequence[str]) -> ExperimentConfig:
+    schema = _schema()
     if overrides:
-        layers.append((_parse_overrides(overrides), "command-line overrides"))
+        layers = [*layers, (_parse_overrides(overrides), "command-line overrides")]
     merged: DictConfig = schema
     for layer, source in layers:
         try:
@@ -256,24 +275,32 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------- methods
 def method_config(method_cls: type, overrides: Mapping[str, Any] | None = None) -> Any:
-    """Build ``method_cls.Config`` with ``overrides``; unknown keys list the valid ones."""
+    """Build ``method_cls.Config`` with ``overrides`` (nested configs take nested
+    mappings, e.g. ``{"distill": {"lr": 0.01}}``); an unknown key at any level
+    lists the valid keys of that level, a bad value names its dotted key."""
     cfg_cls = method_cls.Config
-    overrides = dict(overrides or {})
-    valid = [f.name for f in dataclasses.fields(cfg_cls)]
-    unknown = sorted(set(overrides) - set(valid))
     name = getattr(method_cls, "name", method_cls.__name__)
-    if unknown:
-        raise ConfigError(
-            f"unknown option(s) {', '.join(unknown)} for method {name!r}; "
-            f"valid: {', '.join(valid) or '(none)'}"
-        )
+    schema = OmegaConf.structured(cfg_cls)
     try:
-        node = OmegaConf.merge(OmegaConf.structured(cfg_cls), overrides)
+        node = OmegaConf.merge(schema, dict(overrides or {}))
         return OmegaConf.to_object(node)
-    except ValidationError as e:
-        raise ConfigError(f"method.{name}: {str(e).splitlines()[0]}") from e
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", "") or ""
+        if isinstance(e, ConfigKeyError | AttributeError) or "not in" in str(e):
+            parent = key.rsplit(".", 1)[0] if "." in key else ""
+            where = f"in method.{name}.{parent}" if parent else f"for method {name!r}"
+            valid = ", ".join(_valid_keys(schema, key)) or "(none)"
+            leaf = key.rsplit(".", 1)[-1]
+            raise ConfigError(f"unknown option {leaf!r} {where}; valid: {valid}") from e
+        raise ConfigError(f"method.{name}.{key}: {str(e).splitlines()[0]}") from e
     except (TypeError, ValueError) as e:  # ConfigError included: the Config's own checks
         raise ConfigError(f"method.{name}: {e}") from e
+
+
+def config_tree(config_cls: type) -> str:
+    """The full option tree of a config dataclass with its defaults, as YAML
+    (``osfl list --method NAME``)."""
+    return OmegaConf.to_yaml(OmegaConf.structured(config_cls))
 
 
 # --------------------------------------------------------------------------- sweeps

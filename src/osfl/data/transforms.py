@@ -17,7 +17,9 @@ configs refer to ("none", "crop_flip", "simclr").
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -80,6 +82,12 @@ class Transform:
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
         return f"{type(self).__name__}({args})"
+
+    def key(self) -> Any:
+        """A JSON-able identity for cache keys: equal pipelines give equal keys
+        (the class and its parameters; memory addresses stripped)."""
+        text = re.sub(r" at 0x[0-9a-fA-F]+", "", repr(self))
+        return f"{type(self).__module__}.{type(self).__qualname__}:{text}"
 
 
 class Compose(Transform):

@@ -1,105 +1,48 @@
 """The Method contract (DESIGN.md §2) and its registry.
 
 A method is a small class with a template-method round loop driven by a
-runtime (simulation or Flower); it never touches the runtime itself:
+runtime (simulation or Flower); it never touches the runtime itself::
 
+    method.check()                                           # refuse a bad run now
     state = method.init_state()
     for r in range(method.rounds):
         clients = method.sample_clients(r, num_clients, rng)
         b = method.broadcast(state, r)                       # -> Broadcast
         uploads = {c: method.client_update(ctx_c, b, data_c)} # -> Upload each
-        state = method.aggregate(state, uploads, r)
+        # each upload validated against method.upload_spec(state, r, c)
+        state = method.aggregate(state, uploads, r)          # valid uploads only
     predictor = method.predictor(state)                      # -> Predictor
 
+``ctx_c.state`` is client ``c``'s own :class:`~osfl.fl.context.ClientState`
+from earlier rounds; the runtime keeps what ``client_update`` leaves there.
 One-shot methods have ``rounds == 1``. A method's defaults are a frozen
 dataclass (``Config``) registered with it under a lowercase paper name.
+
+Optional, declared hooks (no-ops here; no runtime looks for undeclared ones):
+:meth:`Method.audit_history` (scheme state the server knows of a client, for
+privacy audits), :meth:`Method.report` (JSON-able extras for the run's record,
+e.g. server phase times) and :meth:`Method.artifacts` (tensors worth keeping,
+e.g. a synthetic pool for figures). Cross-cutting concerns wrap a method
+(:class:`MethodWrapper`), as Flower's DP and SecAgg wrappers wrap a strategy.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
+from osfl.fl.context import ClientContext, RunContext
 from osfl.fl.upload import Broadcast, Upload, UploadSpec
 from osfl.registry import Registry
 
 if TYPE_CHECKING:
     from osfl.data.imageset import ImageSet
-    from osfl.data.transforms import Transform
-    from osfl.fl.cache import ClientCache
-    from osfl.fl.training import TrainConfig
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """A registered model name and its keyword arguments (``num_classes`` is the task's)."""
-
-    name: str
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
-
-    def build(self, num_classes: int) -> nn.Module:
-        from osfl.models import create_model
-
-        return create_model(self.name, num_classes=num_classes, **dict(self.kwargs))
-
-    def key(self) -> dict[str, Any]:
-        return {"name": self.name, "kwargs": dict(sorted(self.kwargs.items()))}
-
-
-@dataclass
-class RunContext:
-    """What every party knows before round 0: the task, the model, the local
-    training recipe, the transforms, the seed, the device, the cache.
-
-    It is the same object on the server and on each client in simulation; under
-    Flower each process builds an equal one from the same config.
-    """
-
-    num_classes: int
-    image_shape: tuple[int, int, int]
-    num_clients: int
-    model: ModelSpec
-    train: TrainConfig
-    train_transform: Transform
-    eval_transform: Transform
-    seed: int = 0
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    cache: ClientCache | None = None
-    data_key: str = ""  # identifies the data source + partition, for cache keys
-    public_data: ImageSet | None = None  # unlabelled server-side data (FedDF), if any
-    progress: bool = True
-
-
-@dataclass
-class ClientContext:
-    """One client's view of one round: its id, the round, a seeded generator."""
-
-    run: RunContext
-    client_id: int
-    round: int
-    generator: torch.Generator
-
-    @property
-    def device(self) -> torch.device:
-        return self.run.device
-
-    def seed_for(self, *parts: object) -> int:
-        """A deterministic seed from the run seed, this client and ``parts``."""
-        return derive_seed(self.run.seed, self.client_id, self.round, *parts)
-
-
-def derive_seed(*parts: object) -> int:
-    """Stable 63-bit seed from any printable parts (independent of PYTHONHASHSEED)."""
-    import hashlib
-
-    h = hashlib.sha256(repr(parts).encode()).digest()
-    return int.from_bytes(h[:8], "little") & ((1 << 63) - 1)
 
 
 class Predictor(nn.Module):
@@ -122,7 +65,13 @@ class PerClientPredictor(Predictor):
 
 
 class Method(ABC):
-    """Base class of every FL method. Subclasses set ``name`` and ``Config``."""
+    """Base class of every FL method. Subclasses set ``name`` and ``Config``.
+
+    ``smoke``: dotted experiment overrides that make the method run in seconds
+    on the tiny digits task (fewer server epochs, a ViT where it needs one); the
+    registry-wide contract tests run every method with them, so a new method is
+    tested without writing a test.
+    """
 
     name: ClassVar[str]
     Config: ClassVar[type]
@@ -130,6 +79,7 @@ class Method(ABC):
     #: Joins the embedded default ``osfl run`` table (ordered by ``default_order``).
     default_run: ClassVar[bool] = False
     default_order: ClassVar[int] = 100
+    smoke: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: Any, run: RunContext):
         self.config = config
@@ -138,15 +88,17 @@ class Method(ABC):
     # --- round structure -------------------------------------------------
     @property
     def rounds(self) -> int:
-        return int(getattr(self.config, "rounds", 1))
+        """Communication rounds (one-shot methods: 1)."""
+        return 1
 
     def sample_clients(self, round: int, num_clients: int, rng: np.random.Generator) -> list[int]:
         """Clients taking part in ``round``; default all of them."""
-        frac = float(getattr(self.config, "client_fraction", 1.0))
-        if frac >= 1.0:
-            return list(range(num_clients))
-        k = max(1, round_half_up(frac * num_clients))
-        return sorted(rng.choice(num_clients, size=k, replace=False).tolist())
+        return list(range(num_clients))
+
+    def check(self) -> None:
+        """Refuse a run this method cannot do (model, data, options) with a
+        :class:`~osfl.errors.ConfigError`, before any client trains."""
+        return None
 
     # --- the protocol ----------------------------------------------------
     @abstractmethod
@@ -159,11 +111,13 @@ class Method(ABC):
 
     @abstractmethod
     def client_update(self, ctx: ClientContext, broadcast: Broadcast, data: ImageSet) -> Upload:
-        """Local work on one client's data; returns its upload."""
+        """Local work on one client's data; returns its upload. ``ctx.state``
+        holds what this client kept from earlier rounds (and keeps what is left)."""
 
     @abstractmethod
-    def upload_spec(self, state: Any, round: int) -> UploadSpec:
-        """What an upload of ``round`` must look like (validated before aggregate)."""
+    def upload_spec(self, state: Any, round: int, client: int) -> UploadSpec:
+        """What client ``client``'s upload of ``round`` must look like (checked
+        before ``aggregate``; a refused upload never reaches it)."""
 
     @abstractmethod
     def aggregate(self, state: Any, uploads: Mapping[int, Upload], round: int) -> Any:
@@ -176,13 +130,106 @@ class Method(ABC):
     # --- what an honest-but-curious server knows --------------------------
     def public_hparams(self) -> dict[str, Any]:
         """Training hyper-parameters the server knows (for Observations)."""
-        from dataclasses import asdict
-
         return {"method": self.name, "train": asdict(self.run.train)}
+
+    # --- optional hooks ----------------------------------------------------
+    def audit_history(
+        self, state: Any, client: int, upload_meta: Mapping[str, Any] | None = None
+    ) -> dict[str, torch.Tensor]:
+        """``history.*`` tensors: scheme state the server knows of ``client`` at
+        the start of the round after ``state`` (RLU's ``h`` term); none here."""
+        return {}
+
+    def report(self, state: Any) -> dict[str, Any]:
+        """JSON-able extras for the run's record (e.g. server phase times)."""
+        return {}
+
+    def artifacts(self, state: Any) -> dict[str, torch.Tensor]:
+        """Tensors of a finished run worth keeping (e.g. a synthetic pool)."""
+        return {}
+
+
+class MethodWrapper(Method):
+    """A method around ``inner`` that forwards every part of the contract.
+
+    Subclasses override only what they change (a client-side defence replaces
+    ``client_update``, a robust server ``aggregate``), the way Flower's DP and
+    SecAgg wrappers wrap a strategy. ``name``, ``Config``, ``config``, ``run``
+    and the class flags are the inner method's.
+    """
+
+    def __init__(self, inner: Method):
+        super().__init__(inner.config, inner.run)
+        self.inner = inner
+
+    @property  # type: ignore[override]
+    def name(self) -> str:  # type: ignore[override]
+        return self.inner.name
+
+    @property  # type: ignore[override]
+    def Config(self) -> type:  # type: ignore[override]
+        return self.inner.Config
+
+    @property  # type: ignore[override]
+    def one_shot(self) -> bool:  # type: ignore[override]
+        return self.inner.one_shot
+
+    @property
+    def rounds(self) -> int:
+        return self.inner.rounds
+
+    def sample_clients(self, round: int, num_clients: int, rng: np.random.Generator) -> list[int]:
+        return self.inner.sample_clients(round, num_clients, rng)
+
+    def check(self) -> None:
+        self.inner.check()
+
+    def init_state(self) -> Any:
+        return self.inner.init_state()
+
+    def broadcast(self, state: Any, round: int) -> Broadcast:
+        return self.inner.broadcast(state, round)
+
+    def client_update(self, ctx: ClientContext, broadcast: Broadcast, data: ImageSet) -> Upload:
+        return self.inner.client_update(ctx, broadcast, data)
+
+    def upload_spec(self, state: Any, round: int, client: int) -> UploadSpec:
+        return self.inner.upload_spec(state, round, client)
+
+    def aggregate(self, state: Any, uploads: Mapping[int, Upload], round: int) -> Any:
+        return self.inner.aggregate(state, uploads, round)
+
+    def predictor(self, state: Any) -> Predictor:
+        return self.inner.predictor(state)
+
+    def public_hparams(self) -> dict[str, Any]:
+        return self.inner.public_hparams()
+
+    def audit_history(
+        self, state: Any, client: int, upload_meta: Mapping[str, Any] | None = None
+    ) -> dict[str, torch.Tensor]:
+        return self.inner.audit_history(state, client, upload_meta)
+
+    def report(self, state: Any) -> dict[str, Any]:
+        return self.inner.report(state)
+
+    def artifacts(self, state: Any) -> dict[str, torch.Tensor]:
+        return self.inner.artifacts(state)
 
 
 def round_half_up(x: float) -> int:
     return int(np.floor(x + 0.5))
+
+
+def sample_fraction(
+    fraction: float, round: int, num_clients: int, rng: np.random.Generator
+) -> list[int]:
+    """``round(fraction * N)`` clients (at least one) drawn without replacement
+    from the run's seeded sampler, sorted; everyone when ``fraction >= 1``."""
+    if fraction >= 1.0:
+        return list(range(num_clients))
+    k = max(1, round_half_up(fraction * num_clients))
+    return sorted(rng.choice(num_clients, size=k, replace=False).tolist())
 
 
 METHODS: Registry[type[Method]] = Registry("method")

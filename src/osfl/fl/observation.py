@@ -8,10 +8,15 @@ scheme) that RLU [Chen & Vikalo, "Recovering Labels from Local Updates in
 Federated Learning", ICML 2024, §3: "the HBC server knows the batch size,
 number of local epochs and learning rate"] and LLG+/ZLG+/iRLG assume. In simulation the ground truth (the labels each local step
 used, ``num_classes``) is attached in ``truth`` so audits score themselves.
+What else the server knows of the client — a stateful scheme's history
+(SCAFFOLD's control variates, FedDyn's gradient state, FedDC's drift: RLU's
+``h`` term, Chen & Vikalo Table 1) — goes in ``history``, never mixed into
+the broadcast or the upload. :func:`observe` is the one way to build one.
 
 On disk an Observation is a directory: ``observation.json`` (ids, upload
 metadata, hyper-parameters, the non-tensor truth), ``upload.safetensors``,
-``truth.safetensors`` (tensor truth, if any) and the broadcast, either
+``history.safetensors`` (if any), ``truth.safetensors`` (tensor truth, if
+any) and the broadcast, either
 ``broadcast.safetensors`` or a relative path to a file shared by all clients
 of the round. No pickle anywhere, so ``osfl audit RUN_DIR`` can read
 directories from anyone.
@@ -34,7 +39,9 @@ from osfl.errors import DataError
 _JSON = "observation.json"
 _UPLOAD = "upload.safetensors"
 _TRUTH = "truth.safetensors"
+_HISTORY = "history.safetensors"
 _BROADCAST = "broadcast.safetensors"
+HISTORY_PREFIX = "history."
 
 
 def save_tensors(tensors: Mapping[str, torch.Tensor], path: str | Path) -> None:
@@ -49,6 +56,8 @@ class Observation:
     ``truth`` is ``None`` outside simulation; in simulation it may hold
     ``labels`` (int64, the labels each local step used, concatenated in step
     order) and ``num_classes``, plus anything else an audit scores against.
+    ``history``: ``history.<scheme>.<name>.<param>`` tensors the server knows
+    of this client at the start of the round (empty for stateless methods).
     """
 
     client_id: int
@@ -58,6 +67,7 @@ class Observation:
     upload_meta: dict[str, Any] = field(default_factory=dict)
     hparams: dict[str, Any] = field(default_factory=dict)
     truth: dict[str, Any] | None = None
+    history: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def save(self, dir: str | Path, *, broadcast_path: str | Path | None = None) -> Path:
         """Write this observation into ``dir`` (created); returns ``dir``.
@@ -69,6 +79,8 @@ class Observation:
         out = Path(dir)
         out.mkdir(parents=True, exist_ok=True)
         save_tensors(self.upload, out / _UPLOAD)
+        if self.history:
+            save_tensors(self.history, out / _HISTORY)
         if broadcast_path is None:
             save_tensors(self.broadcast, out / _BROADCAST)
             bref = _BROADCAST
@@ -115,15 +127,53 @@ class Observation:
         truth = doc.get("truth")
         if (src / _TRUTH).exists():
             truth = {**(truth or {}), **load_file(str(src / _TRUTH))}
+        upload = load_file(str(src / _UPLOAD))
+        history = load_file(str(src / _HISTORY)) if (src / _HISTORY).exists() else {}
+        # recordings made before `history` had its own file kept it in the upload
+        history.update({k: upload.pop(k) for k in list(upload) if k.startswith(HISTORY_PREFIX)})
         return cls(
             client_id=int(doc["client_id"]),
             round=int(doc["round"]),
             broadcast=load_file(str(bpath)) if bpath.exists() else {},
-            upload=load_file(str(src / _UPLOAD)),
+            upload=upload,
             upload_meta=doc.get("upload_meta") or {},
             hparams=doc.get("hparams") or {},
             truth=truth,
+            history=history,
         )
+
+
+def _cpu(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu") for k, v in tensors.items()}
+
+
+def observe(
+    client: int,
+    round: int,
+    *,
+    broadcast: Mapping[str, torch.Tensor],
+    upload: Mapping[str, torch.Tensor],
+    upload_meta: Mapping[str, Any] | None = None,
+    hparams: Mapping[str, Any] | None = None,
+    truth: Mapping[str, Any] | None = None,
+    history: Mapping[str, torch.Tensor] | None = None,
+) -> Observation:
+    """The :class:`Observation` of one exchange, tensors detached on the CPU.
+
+    The runtime's recorder, the audits, :func:`osfl.privacy.simulate.simulate_observation`
+    and the benchmarks all build Observations here, so they agree on where
+    each part goes.
+    """
+    return Observation(
+        client_id=int(client),
+        round=int(round),
+        broadcast=_cpu(broadcast),
+        upload=_cpu(upload),
+        upload_meta=dict(upload_meta or {}),
+        hparams=dict(hparams or {}),
+        truth=None if truth is None else dict(truth),
+        history=_cpu(history or {}),
+    )
 
 
 def load_observations(root: str | Path) -> list[Observation]:

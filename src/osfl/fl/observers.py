@@ -25,17 +25,18 @@ import logging
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 from safetensors.torch import save_file
 
 from osfl.errors import ConfigError
-from osfl.fl.observation import Observation, save_tensors
+from osfl.fl.observation import Observation, observe, save_tensors
 from osfl.fl.upload import Broadcast, Upload
 
 if TYPE_CHECKING:
-    from osfl.fl.method import RunContext
+    from osfl.fl.context import RunContext
+    from osfl.fl.method import Method
 
 log = logging.getLogger(__name__)
 
@@ -163,7 +164,8 @@ class ByteCounter(Observer):
 
 
 class ObservationRecorder(Observer):
-    """Turns broadcast + upload (+ truth) into :class:`Observation` objects.
+    """Turns broadcast + upload (+ truth, + the scheme history) into
+    :class:`Observation` objects (built by :func:`~osfl.fl.observation.observe`).
 
     Keeps them in ``observations`` and, when ``dir`` is given, writes each to
     ``dir/round_RRR/client_CCC/`` with the round's broadcast stored once in
@@ -172,6 +174,9 @@ class ObservationRecorder(Observer):
     look at a few clients; recording every client of a long run is costly).
     ``hparams`` are the public training hyper-parameters; ``None`` takes
     ``run.train.public_hparams()`` and the method name at ``on_run_start``.
+    ``method``: its :meth:`~osfl.fl.method.Method.audit_history` of the server
+    state after round ``r - 1`` is what the server knows of a client at the
+    start of round ``r`` (the Observation's ``history``; round 0 has none).
     """
 
     def __init__(
@@ -180,14 +185,17 @@ class ObservationRecorder(Observer):
         dir: str | Path | None = None,
         clients: Iterable[int] | None = None,
         rounds: Iterable[int] | None = None,
+        method: Method | None = None,
     ):
         self.hparams = dict(hparams) if hparams is not None else None
         self.dir = Path(dir) if dir is not None else None
         self.clients = None if clients is None else set(clients)
         self.rounds = None if rounds is None else set(rounds)
+        self.method = method
         self.observations: list[Observation] = []
         self._broadcasts: dict[tuple[int, int], Broadcast] = {}
         self._shared: dict[int, dict[str, torch.Tensor]] = {}
+        self._state: Any = None
 
     def _wanted(self, round: int, client: int) -> bool:
         return (self.rounds is None or round in self.rounds) and (
@@ -196,12 +204,18 @@ class ObservationRecorder(Observer):
 
     def on_run_start(self, method_name: str, run: RunContext) -> None:
         if self.hparams is None:
-            train = run.train.public_hparams() if hasattr(run.train, "public_hparams") else {}
-            self.hparams = {"method": method_name, **train}
+            self.hparams = {"method": method_name, **run.train.public_hparams()}
 
     def on_broadcast(self, round: int, client: int, broadcast: Broadcast, nbytes: int) -> None:
         if self._wanted(round, client):
             self._broadcasts[(round, client)] = broadcast
+
+    def on_round_end(self, round: int, state: Any, metrics: Mapping[str, Any]) -> None:
+        self._state = state  # aggregate returns a new state: safe to hold
+
+    def prepare_truth(self, truth: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """The truth stored with an Observation (subclasses refine it)."""
+        return None if truth is None else dict(truth)
 
     def on_upload(
         self,
@@ -215,14 +229,18 @@ class ObservationRecorder(Observer):
             return
         received = self._broadcasts.pop((round, client), None)
         tensors, shared = self._round_broadcast(round, received)
-        obs = Observation(
-            client_id=int(client),
-            round=int(round),
+        history = {}
+        if self.method is not None and self._state is not None:
+            history = self.method.audit_history(self._state, client, upload.meta)
+        obs = observe(
+            client,
+            round,
             broadcast=tensors,
-            upload={k: v.detach().to("cpu") for k, v in upload.tensors.items()},
-            upload_meta=dict(upload.meta),
-            hparams=dict(self.hparams or {}),
-            truth=None if truth is None else dict(truth),
+            upload=upload.tensors,
+            upload_meta=upload.meta,
+            hparams=self.hparams,
+            truth=self.prepare_truth(truth),
+            history=history,
         )
         self.observations.append(obs)
         if self.dir is not None:
@@ -281,6 +299,13 @@ def _flat_tensors(state: Any, prefix: str = "") -> dict[str, torch.Tensor]:
     return out
 
 
+@runtime_checkable
+class HasStateDict(Protocol):
+    """A server state that flattens itself into tensors (e.g. ``SchemeState``)."""
+
+    def state_dict(self) -> Mapping[str, torch.Tensor]: ...
+
+
 class Checkpointer(Observer):
     """Saves the server state every ``every`` rounds as ``dir/round_RRR.safetensors``.
 
@@ -299,7 +324,7 @@ class Checkpointer(Observer):
     def on_round_end(self, round: int, state: Any, metrics: Mapping[str, Any]) -> None:
         if (round + 1) % self.every:
             return
-        if hasattr(state, "state_dict"):
+        if isinstance(state, HasStateDict):
             state = state.state_dict()
         if not isinstance(state, Mapping):
             log.debug("round %d: state %s has no tensors to checkpoint", round, type(state))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
@@ -25,8 +24,54 @@ from torch.optim.lr_scheduler import LambdaLR
 from osfl.errors import ConfigError
 from osfl.registry import Registry
 
-if TYPE_CHECKING:
-    from osfl.fl.training import TrainConfig
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """An optimizer and its learning-rate schedule: the fields local training
+    (:class:`~osfl.fl.train_config.TrainConfig`) and server-side distillation
+    share, defined (and checked) once.
+
+    ``momentum`` is used by ``sgdm`` and ``nesterov`` only; plain ``sgd`` has
+    none. ``warmup_steps`` puts a linear warm-up in front of any ``schedule``;
+    ``step_size`` / ``gamma`` shape the ``step`` schedule (``step_size=None``:
+    decay at each third of training).
+    """
+
+    optimizer: str = "sgd"
+    lr: float = 0.01
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    schedule: str = "constant"
+    warmup_steps: int = 0
+    step_size: int | None = None
+    gamma: float = 0.1
+    grad_clip: float | None = None
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ConfigError(msg)
+
+        need(self.lr > 0 and math.isfinite(self.lr), f"lr must be > 0, got {self.lr}")
+        need(0.0 <= self.momentum < 1.0, f"momentum must lie in [0, 1), got {self.momentum}")
+        need(self.weight_decay >= 0.0, f"weight_decay must be >= 0, got {self.weight_decay}")
+        need(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
+        need(
+            self.step_size is None or self.step_size >= 1,
+            f"step_size must be >= 1 or null, got {self.step_size}",
+        )
+        need(0.0 < self.gamma <= 1.0, f"gamma must lie in (0, 1], got {self.gamma}")
+        need(
+            self.grad_clip is None or self.grad_clip > 0,
+            f"grad_clip must be > 0 or null, got {self.grad_clip}",
+        )
+        OPTIMIZERS.get(self.optimizer)  # unknown names -> ConfigError listing valid ones
+        SCHEDULES.get(self.schedule)
+
+    @property
+    def applied_momentum(self) -> float:
+        """The momentum the optimizer really applies (0 for sgd/adam/adamw)."""
+        return self.momentum if OPTIMIZERS.get(self.optimizer).uses_momentum else 0.0
 
 
 @dataclass(frozen=True)
@@ -37,25 +82,25 @@ class OptimizerEntry:
     privacy audits) report the momentum actually applied: 0 for plain SGD.
     """
 
-    build: Callable[[list[torch.nn.Parameter], TrainConfig], torch.optim.Optimizer]
+    build: Callable[[list[torch.nn.Parameter], OptimConfig], torch.optim.Optimizer]
     uses_momentum: bool
 
 
 OPTIMIZERS: Registry[OptimizerEntry] = Registry("optimizer")
-SCHEDULES: Registry[Callable[[TrainConfig, int], Callable[[int], float]]] = Registry("schedule")
+SCHEDULES: Registry[Callable[[OptimConfig, int], Callable[[int], float]]] = Registry("schedule")
 
 
-def _sgd(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
+def _sgd(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
     # foreach left to torch: multi-tensor kernels on CUDA, the per-tensor loop on CPU
     # (which has no fused kernels; its grouping step only adds overhead there).
     return torch.optim.SGD(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
-def _sgdm(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
+def _sgdm(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
 
 
-def _nesterov(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
+def _nesterov(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
     return torch.optim.SGD(
         params,
         lr=cfg.lr,
@@ -65,11 +110,11 @@ def _nesterov(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim
     )
 
 
-def _adam(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
+def _adam(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
-def _adamw(params: list[torch.nn.Parameter], cfg: TrainConfig) -> torch.optim.Optimizer:
+def _adamw(params: list[torch.nn.Parameter], cfg: OptimConfig) -> torch.optim.Optimizer:
     return torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
 
 
@@ -81,7 +126,7 @@ OPTIMIZERS.add("adamw", OptimizerEntry(_adamw, uses_momentum=False))
 
 
 @SCHEDULES.register("constant")
-def _constant(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
+def _constant(cfg: OptimConfig, total_steps: int) -> Callable[[int], float]:
     return lambda step: 1.0
 
 
@@ -97,12 +142,12 @@ def _cosine_after(warmup: int, total_steps: int) -> Callable[[int], float]:
 
 
 @SCHEDULES.register("cosine")
-def _cosine(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
+def _cosine(cfg: OptimConfig, total_steps: int) -> Callable[[int], float]:
     return _cosine_after(cfg.warmup_steps, total_steps)
 
 
 @SCHEDULES.register("warmup_cosine")
-def _warmup_cosine(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
+def _warmup_cosine(cfg: OptimConfig, total_steps: int) -> Callable[[int], float]:
     if cfg.warmup_steps < 1:
         raise ConfigError(
             "schedule 'warmup_cosine' needs warmup_steps >= 1 (e.g. warmup_steps=100)"
@@ -111,7 +156,7 @@ def _warmup_cosine(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]
 
 
 @SCHEDULES.register("step")
-def _step(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
+def _step(cfg: OptimConfig, total_steps: int) -> Callable[[int], float]:
     # Default: decay at 1/3 and 2/3 of training, the common "two drops" recipe.
     size = cfg.step_size if cfg.step_size is not None else max(1, math.ceil(total_steps / 3))
     gamma = cfg.gamma
@@ -119,7 +164,7 @@ def _step(cfg: TrainConfig, total_steps: int) -> Callable[[int], float]:
 
 
 def build_optimizer(
-    params: Iterable[torch.nn.Parameter], cfg: TrainConfig
+    params: Iterable[torch.nn.Parameter], cfg: OptimConfig
 ) -> torch.optim.Optimizer:
     """The optimizer ``cfg.optimizer`` over the parameters that require grad."""
     trainable = [p for p in params if p.requires_grad]
@@ -128,13 +173,13 @@ def build_optimizer(
     return OPTIMIZERS.get(cfg.optimizer).build(trainable, cfg)
 
 
-def is_constant_schedule(cfg: TrainConfig) -> bool:
+def is_constant_schedule(cfg: OptimConfig) -> bool:
     """True when the lr never changes (no scheduler needed)."""
     return cfg.schedule == "constant" and cfg.warmup_steps == 0
 
 
 def build_schedule(
-    optimizer: torch.optim.Optimizer, cfg: TrainConfig, total_steps: int
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int
 ) -> LambdaLR:
     """``cfg.schedule`` as a per-step multiplier, with a linear warm-up of
     ``cfg.warmup_steps`` in front of any schedule (warm-up step ``i`` uses
@@ -150,7 +195,7 @@ def build_schedule(
     return LambdaLR(optimizer, factor)
 
 
-def lr_at(cfg: TrainConfig, total_steps: int) -> list[float]:
+def lr_at(cfg: OptimConfig, total_steps: int) -> list[float]:
     """The learning rate of every step of a run (for plots, audits and tests)."""
     p = torch.nn.Parameter(torch.zeros(1))
     opt = build_optimizer([p], cfg)

@@ -1,12 +1,12 @@
 """The local training engine: one client's SGD/Adam steps on its own data.
 
 Every FL method's ``client_update`` that trains a model calls
-:func:`train_local` (or :func:`osfl.fl.cache.train_client`, its cached form), so this loop
-is written once and kept as fast as a hand-written PyTorch loop (see
-``benchmarks/bench_engine.py``): the optimizer is built once, batches are
-uint8 tensors indexed in memory and augmented as a whole batch on the device,
-the running loss stays on the device (one host sync at the end), and the
-only per-step Python is the hooks of the objective terms.
+:func:`train_local` (or :func:`osfl.fl.client_training.train_client`, its
+cached form), so this loop is written once and kept as fast as a hand-written
+PyTorch loop (see ``benchmarks/bench_engine.py``): the optimizer is built
+once, batches are uint8 tensors indexed in memory and augmented as a whole
+batch on the device, the running loss stays on the device (one host sync at
+the end), and the only per-step Python is the hooks of the objective terms.
 
 Local training follows FedAvg [McMahan et al., AISTATS 2017]: ``E`` local
 epochs (or a fixed number of local steps) of mini-batch training with
@@ -30,21 +30,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from osfl.errors import ConfigError, DataError
-from osfl.fl.method import derive_seed
+from osfl.errors import DataError
 from osfl.fl.objectives import ObjectiveTerm
-from osfl.fl.optim import (
-    OPTIMIZERS,
-    SCHEDULES,
-    build_optimizer,
-    build_schedule,
-    is_constant_schedule,
-)
+from osfl.fl.optim import build_optimizer, build_schedule, is_constant_schedule
+from osfl.fl.progress import Progress, ProgressTask
+from osfl.fl.seeds import derive_seed
+from osfl.fl.train_config import TrainConfig
 
 if TYPE_CHECKING:
     from osfl.data.imageset import ImageSet
+    from osfl.data.loader import BatchIterator
     from osfl.data.transforms import Transform
-    from osfl.fl.method import RunContext
+    from osfl.fl.context import RunContext
 
 log = logging.getLogger(__name__)
 
@@ -81,78 +78,6 @@ def replay_step_labels(labels: Sequence[torch.Tensor]) -> None:
 
 
 @dataclass(frozen=True)
-class TrainConfig:
-    """A client's local-training recipe (plain types: OmegaConf-structurable).
-
-    ``steps`` (optimizer steps), when set, overrides ``epochs``. ``momentum``
-    is used by ``sgdm`` and ``nesterov`` only; plain ``sgd`` has none.
-    ``warmup_steps`` puts a linear warm-up in front of any ``schedule``;
-    ``step_size`` / ``gamma`` shape the ``step`` schedule (``step_size=None``:
-    decay at each third of training). ``amp`` autocasts on CUDA only.
-    """
-
-    epochs: int = 1
-    steps: int | None = None
-    batch_size: int = 64
-    optimizer: str = "sgd"
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    schedule: str = "constant"
-    warmup_steps: int = 0
-    step_size: int | None = None
-    gamma: float = 0.1
-    grad_clip: float | None = None
-    amp: bool = True
-    drop_last: bool = False
-
-    def __post_init__(self) -> None:
-        def need(ok: bool, msg: str) -> None:
-            if not ok:
-                raise ConfigError(f"train: {msg}")
-
-        need(self.epochs >= 1, f"epochs must be >= 1, got {self.epochs}")
-        need(self.steps is None or self.steps >= 1, f"steps must be >= 1 or null, got {self.steps}")
-        need(self.batch_size >= 1, f"batch_size must be >= 1, got {self.batch_size}")
-        need(self.lr > 0 and math.isfinite(self.lr), f"lr must be > 0, got {self.lr}")
-        need(0.0 <= self.momentum < 1.0, f"momentum must lie in [0, 1), got {self.momentum}")
-        need(self.weight_decay >= 0.0, f"weight_decay must be >= 0, got {self.weight_decay}")
-        need(self.warmup_steps >= 0, f"warmup_steps must be >= 0, got {self.warmup_steps}")
-        need(
-            self.step_size is None or self.step_size >= 1,
-            f"step_size must be >= 1 or null, got {self.step_size}",
-        )
-        need(0.0 < self.gamma <= 1.0, f"gamma must lie in (0, 1], got {self.gamma}")
-        need(
-            self.grad_clip is None or self.grad_clip > 0,
-            f"grad_clip must be > 0 or null, got {self.grad_clip}",
-        )
-        OPTIMIZERS.get(self.optimizer)  # unknown names -> ConfigError listing valid ones
-        SCHEDULES.get(self.schedule)
-
-    def total_steps(self, num_samples: int) -> int:
-        """Optimizer steps for a client holding ``num_samples`` samples."""
-        if self.steps is not None:
-            return self.steps
-        return self.epochs * self.batches_per_epoch(num_samples)
-
-    def batches_per_epoch(self, num_samples: int) -> int:
-        if self.drop_last:
-            return num_samples // self.batch_size
-        return math.ceil(num_samples / self.batch_size)
-
-    def public_hparams(self) -> dict[str, Any]:
-        """What an honest-but-curious server knows of local training (Observations).
-
-        ``momentum`` is the momentum actually applied (0 for sgd/adam/adamw).
-        """
-        d = asdict(self)
-        if not OPTIMIZERS.get(self.optimizer).uses_momentum:
-            d["momentum"] = 0.0
-        return d
-
-
-@dataclass(frozen=True)
 class TrainStats:
     """What one call of :func:`train_local` did."""
 
@@ -172,6 +97,100 @@ def _autocast_dtype() -> torch.dtype:
     return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
 
 
+class _Stepper:
+    """One optimizer step: loss (with the terms' extras, under autocast on
+    CUDA), backward, the terms' gradient hooks, clipping, step, schedule."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        cfg: TrainConfig,
+        total: int,
+        device: torch.device,
+        terms: Sequence[ObjectiveTerm],
+        loss_fn: LossFn | None,
+    ):
+        self.model, self.cfg, self.terms, self.loss_fn = model, cfg, terms, loss_fn
+        self.optimizer = build_optimizer(model.parameters(), cfg)
+        # a constant lr needs no scheduler: one Python call less per step
+        self.schedule = (
+            None if is_constant_schedule(cfg) else build_schedule(self.optimizer, cfg, total)
+        )
+        self.params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        for term in terms:
+            term.setup(model, self.optimizer)
+        use_amp = cfg.amp and device.type == "cuda"
+        dtype = _autocast_dtype() if use_amp else torch.float32
+        self.scaler = (
+            torch.amp.GradScaler("cuda") if use_amp and dtype == torch.float16 else None
+        )
+        # hooks and clipping must see true gradients, so unscale fp16 grads before them
+        self.unscale = self.scaler is not None and (cfg.grad_clip is not None or bool(terms))
+        # entering a disabled autocast still costs a few calls per step: skip it on CPU
+        self.autocast: Callable[[], Any] = (
+            (lambda: torch.autocast(device.type, dtype=dtype)) if use_amp else nullcontext
+        )
+
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        with self.autocast():
+            model = self.model
+            loss = (
+                self.loss_fn(model, x, y)
+                if self.loss_fn is not None
+                else F.cross_entropy(model(x), y)
+            )
+            for term in self.terms:
+                extra = term.extra_loss(model)
+                if extra is not None:
+                    loss = loss + extra
+        return loss
+
+    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = self.loss(x, y)
+        self.optimizer.zero_grad(set_to_none=True)
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
+        if self.unscale:
+            self.scaler.unscale_(self.optimizer)  # type: ignore[union-attr]
+        for term in self.terms:
+            term.before_step(self.model)
+        if self.cfg.grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        if self.schedule is not None:
+            self.schedule.step()
+        for term in self.terms:
+            term.after_step(self.model)
+        return loss.detach()
+
+
+def _loader(
+    data: ImageSet, cfg: TrainConfig, generator: torch.Generator, device: torch.device
+) -> BatchIterator:
+    from osfl.data.loader import BatchIterator
+
+    if len(data) == 0:
+        raise DataError("cannot train on an empty client data set")
+    loader = BatchIterator(
+        data.images,
+        data.labels,
+        cfg.batch_size,
+        shuffle=True,
+        drop_last=cfg.drop_last,
+        generator=generator,
+        device=device,
+    )
+    if len(loader) == 0:
+        raise DataError(
+            f"client has {len(data)} samples, fewer than batch_size={cfg.batch_size} with "
+            "drop_last=True: lower batch_size or set drop_last=false"
+        )
+    return loader
+
+
 def train_local(
     model: nn.Module,
     data: ImageSet,
@@ -182,7 +201,8 @@ def train_local(
     generator: torch.Generator | None = None,
     terms: Sequence[ObjectiveTerm] = (),
     loss_fn: LossFn | None = None,
-    progress: bool = False,
+    progress: Progress | None = None,
+    description: str = "local training",
     on_batch: OnBatch | None = None,
 ) -> TrainStats:
     """Train ``model`` in place on ``data`` with ``cfg``; returns :class:`TrainStats`.
@@ -191,92 +211,27 @@ def train_local(
     (``None``: scale to [0, 1]). ``generator`` fixes the batch order and the
     augmentations (``None``: seed 0), so a run is deterministic on CPU.
     ``loss_fn(model, x, y)`` replaces cross-entropy; ``terms`` add to the loss
-    or correct gradients (see :mod:`osfl.fl.objectives`). ``on_batch(step, x,
-    y)`` sees every step's transformed inputs and labels, in order (privacy
-    audits record the labels each local step used).
+    or correct gradients (see :mod:`osfl.fl.objectives`). ``progress`` shows a
+    bar named ``description``. ``on_batch(step, x, y)`` sees every step's
+    transformed inputs and labels, in order (privacy audits record the labels
+    each local step used).
     """
-    from osfl.data.loader import BatchIterator
-
     device = torch.device(device)
-    if len(data) == 0:
-        raise DataError("cannot train on an empty client data set")
-    if generator is None:
-        generator = torch.Generator().manual_seed(0)
-    loader = BatchIterator(
-        data.images,
-        data.labels,
-        cfg.batch_size,
-        shuffle=True,
-        drop_last=cfg.drop_last,
-        generator=generator,
-        device=device,
-    )
-    per_epoch = len(loader)
-    if per_epoch == 0:
-        raise DataError(
-            f"client has {len(data)} samples, fewer than batch_size={cfg.batch_size} with "
-            "drop_last=True: lower batch_size or set drop_last=false"
-        )
+    generator = generator if generator is not None else torch.Generator().manual_seed(0)
+    loader = _loader(data, cfg, generator, device)
     total = cfg.total_steps(len(data))
-
     model.to(device).train()
-    optimizer = build_optimizer(model.parameters(), cfg)
-    # a constant lr needs no scheduler: one Python call less per step
-    schedule = None if is_constant_schedule(cfg) else build_schedule(optimizer, cfg, total)
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-    for term in terms:
-        term.setup(model, optimizer)
-
-    use_amp = cfg.amp and device.type == "cuda"
-    amp_dtype = _autocast_dtype() if use_amp else torch.float32
-    scaler = torch.amp.GradScaler("cuda") if use_amp and amp_dtype == torch.float16 else None
-    # hooks and clipping must see true gradients, so unscale fp16 grads before them
-    need_unscale = scaler is not None and (cfg.grad_clip is not None or bool(terms))
-    # entering a disabled autocast still costs a few calls per step: skip it on CPU
-    autocast = (lambda: torch.autocast(device.type, dtype=amp_dtype)) if use_amp else nullcontext
+    stepper = _Stepper(model, cfg, total, device, terms, loss_fn)
+    tap = _STEP_LABELS.get()
     loss_sum = torch.zeros((), device=device)
     last = loss_sum
-    samples = 0
-    tap = _STEP_LABELS.get()
-
-    bar = _Progress(total, enabled=progress)
+    step = samples = 0
     start = time.perf_counter()
-    step = 0
-    with bar:
+    with _LossBar(progress, description, total) as bar:
         while step < total:
             for xb, yb in loader:
                 x = transform(xb, generator) if transform is not None else xb.float() / 255
-                with autocast():
-                    loss = (
-                        loss_fn(model, x, yb)
-                        if loss_fn is not None
-                        else F.cross_entropy(model(x), yb)
-                    )
-                    for term in terms:
-                        extra = term.extra_loss(model)
-                        if extra is not None:
-                            loss = loss + extra
-                optimizer.zero_grad(set_to_none=True)
-                if scaler is None:
-                    loss.backward()
-                else:
-                    scaler.scale(loss).backward()
-                if need_unscale:
-                    scaler.unscale_(optimizer)  # type: ignore[union-attr]
-                for term in terms:
-                    term.before_step(model)
-                if cfg.grad_clip is not None:
-                    torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-                if scaler is None:
-                    optimizer.step()
-                else:
-                    scaler.step(optimizer)
-                    scaler.update()
-                if schedule is not None:
-                    schedule.step()
-                for term in terms:
-                    term.after_step(model)
-                last = loss.detach()
+                last = stepper(x, yb)
                 loss_sum += last
                 samples += yb.shape[0]
                 if on_batch is not None:
@@ -287,58 +242,39 @@ def train_local(
                 bar.advance(step, last)
                 if step >= total:
                     break
-    seconds = time.perf_counter() - start
     mean_loss = float(loss_sum) / max(step, 1)
     if not math.isfinite(mean_loss):
         log.warning("local training diverged: mean loss %s (lower lr or set grad_clip)", mean_loss)
     return TrainStats(
         steps=step,
         samples=samples,
-        epochs=step / per_epoch,
+        epochs=step / len(loader),
         mean_loss=mean_loss,
         last_loss=float(last),
-        seconds=seconds,
+        seconds=time.perf_counter() - start,
     )
 
 
-class _Progress:
-    """A rich progress bar over local steps; shows the loss now and then.
+class _LossBar:
+    """A bar over local steps that shows the loss now and then: reading the
+    loss is a host sync, so it happens ~20 times per run, not per step."""
 
-    Reading the loss is a host sync, so it happens ~20 times per run, not per step.
-    """
+    def __init__(self, progress: Progress | None, description: str, total: int):
+        self.task: ProgressTask = (progress or Progress()).task(description, total)
+        self.enabled = progress is not None and progress.enabled
+        self.description, self.every = description, max(1, total // 20)
 
-    def __init__(self, total: int, *, enabled: bool):
-        self.total = total
-        self.every = max(1, total // 20)
-        self._bar = None
-        if enabled:
-            from rich.progress import Progress
-
-            self._bar = Progress(transient=True)
-            self._task = self._bar.add_task("local training", total=total)
-
-    def __enter__(self) -> _Progress:
-        if self._bar is not None:
-            from rich.errors import LiveError
-
-            try:
-                self._bar.start()
-            except LiveError:  # rich < 14 cannot nest inside the runtime's own bar
-                self._bar = None
+    def __enter__(self) -> _LossBar:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
+        self.task.close()
 
     def advance(self, step: int, loss: torch.Tensor) -> None:
-        if self._bar is None:
-            return
-        if step % self.every == 0 or step == self.total:
-            desc = f"local training  loss {float(loss):.4f}"
-            self._bar.update(self._task, completed=step, description=desc)
+        if self.enabled and step % self.every == 0:
+            self.task.advance(description=f"{self.description}  loss {float(loss):.4f}")
         else:
-            self._bar.update(self._task, completed=step)
+            self.task.advance()
 
 
 def init_model(run: RunContext) -> nn.Module:

@@ -83,21 +83,82 @@ class TensorSpec:
     finite: bool = True
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v: Any) -> bool:
+    return (_is_int(v) or isinstance(v, float)) and math.isfinite(float(v))
+
+
+#: metadata kind -> (check of a value, what the error says it must be)
+_META_KINDS: dict[str, tuple[Any, str]] = {
+    "int": (_is_int, "an integer"),
+    "real": (_is_real, "a finite number"),
+    "str": (lambda v: isinstance(v, str), "a string"),
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "int_list": (lambda v: isinstance(v, list) and all(_is_int(x) for x in v), "a list of integers"),
+}
+
+
+@dataclass(frozen=True)
+class MetaSpec:
+    """One metadata value: its ``kind`` (``int``, ``real``, ``str``, ``bool``,
+    ``int_list``), inclusive bounds ``low``/``high`` (for a list: of every
+    item), a list's exact ``length``, and ``sum_of``: the name of an ``int``
+    key the list must sum to (per-class counts that add up to the sample count)."""
+
+    kind: str = "int"
+    low: float | None = None
+    high: float | None = None
+    length: int | None = None
+    sum_of: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in _META_KINDS:
+            raise ValueError(f"MetaSpec kind must be one of {', '.join(_META_KINDS)}")
+
+    def problem(self, value: Any, meta: Mapping[str, Any]) -> str | None:
+        """Why ``value`` does not fit (``None`` when it does)."""
+        ok, what = _META_KINDS[self.kind]
+        if not ok(value):
+            return f"must be {what}, got {type(value).__name__}"
+        items = value if isinstance(value, list) else [value]
+        if self.length is not None and len(items) != self.length:
+            return f"must have {self.length} items, got {len(items)}"
+        for x in items if self.kind in ("int", "real", "int_list") else ():
+            if (self.low is not None and x < self.low) or (self.high is not None and x > self.high):
+                return f"{x} lies outside [{self.low}, {self.high}]"
+        if self.sum_of is not None and sum(items) != meta.get(self.sum_of):
+            return f"sums to {sum(items)}, not to meta.{self.sum_of}={meta.get(self.sum_of)!r}"
+        return None
+
+
+#: The sample count every weight-averaging method reads (at least one sample).
+NUM_SAMPLES = MetaSpec("int", low=1)
+
+
 @dataclass(frozen=True)
 class UploadSpec:
     """What a method accepts from a client.
 
     ``tensors`` maps required keys to :class:`TensorSpec`; ``optional`` keys
     may be absent; ``allow_extra`` admits unknown keys (default: refused);
-    ``max_bytes`` caps the serialised size; ``meta_keys`` lists required
-    metadata keys.
+    ``max_bytes`` caps the serialised size; ``meta`` maps each required
+    metadata key to its :class:`MetaSpec` (unknown metadata keys are refused).
     """
 
     tensors: Mapping[str, TensorSpec] = field(default_factory=dict)
     optional: Mapping[str, TensorSpec] = field(default_factory=dict)
     allow_extra: bool = False
     max_bytes: int | None = None
-    meta_keys: tuple[str, ...] = ()
+    meta: Mapping[str, MetaSpec] = field(default_factory=dict)
+
+
+def _some(keys: list[str], shown: int = 4) -> str:
+    """``tensor(s): a, b, c, d and 98 more`` (an error line stays readable)."""
+    more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
+    return f"tensor(s): {', '.join(keys[:shown])}{more}"
 
 
 def validate(message: Message, spec: UploadSpec, *, client: int | str | None = None) -> None:
@@ -109,18 +170,20 @@ def validate(message: Message, spec: UploadSpec, *, client: int | str | None = N
     names = set(message.tensors)
     missing = sorted(set(spec.tensors) - names)
     if missing:
-        raise UploadError(
-            f"missing tensor(s): {', '.join(missing)}", client=client, field=missing[0]
-        )
+        raise UploadError(f"missing {_some(missing)}", client=client, field=missing[0])
     known = set(spec.tensors) | set(spec.optional)
     extra = sorted(names - known)
     if extra and not spec.allow_extra:
-        raise UploadError(
-            f"unexpected tensor(s): {', '.join(extra)}", client=client, field=extra[0]
-        )
-    for key in spec.meta_keys:
+        raise UploadError(f"unexpected {_some(extra)}", client=client, field=extra[0])
+    extra_meta = sorted(set(message.meta) - set(spec.meta))
+    if extra_meta:
+        raise UploadError("unexpected metadata key", client=client, field=f"meta.{extra_meta[0]}")
+    for key, ms in spec.meta.items():
         if key not in message.meta:
             raise UploadError("missing metadata key", client=client, field=f"meta.{key}")
+        why = ms.problem(message.meta[key], message.meta)
+        if why is not None:
+            raise UploadError(why, client=client, field=f"meta.{key}")
     for name, tensor in message.tensors.items():
         ts = spec.tensors.get(name) or spec.optional.get(name)
         if ts is None:

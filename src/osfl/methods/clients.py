@@ -24,10 +24,12 @@ import torch
 from torch import nn
 
 from osfl.data.imageset import ImageSet
-from osfl.fl.cache import init_model, train_client
-from osfl.fl.method import ClientContext, Method, Predictor, RunContext
-from osfl.fl.training import TrainConfig
-from osfl.fl.upload import Broadcast, Upload, UploadSpec, spec_from_state_dict
+from osfl.fl.client_training import train_client
+from osfl.fl.context import ClientContext, RunContext
+from osfl.fl.method import Method, Predictor
+from osfl.fl.train_config import TrainConfig
+from osfl.fl.training import init_model
+from osfl.fl.upload import NUM_SAMPLES, Broadcast, Upload, UploadSpec, spec_from_state_dict
 from osfl.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,7 @@ def model_upload(model: nn.Module, num_samples: int) -> Upload:
 def model_upload_spec(reference: Mapping[str, torch.Tensor]) -> UploadSpec:
     """Exactly the reference state dict's keys, shapes and dtypes + ``num_samples``."""
     spec = spec_from_state_dict(reference)
-    return UploadSpec(tensors=spec.tensors, meta_keys=("num_samples",))
+    return UploadSpec(tensors=spec.tensors, meta={"num_samples": NUM_SAMPLES})
 
 
 def state_broadcast(state: Mapping[str, torch.Tensor]) -> Broadcast:
@@ -168,7 +170,7 @@ class ClientModelsMethod(Method):
     def client_update(self, ctx: ClientContext, broadcast: Broadcast, data: ImageSet) -> Upload:
         return model_upload(trained_client(ctx, data, broadcast.tensors), len(data))
 
-    def upload_spec(self, state: dict[str, Any], round: int) -> UploadSpec:
+    def upload_spec(self, state: dict[str, Any], round: int, client: int) -> UploadSpec:
         return model_upload_spec(state["init"])
 
     def aggregate(

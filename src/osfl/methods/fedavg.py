@@ -25,11 +25,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import numpy as np
+
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
-from osfl.fl.method import ClientContext, Method, Predictor, register_method
+from osfl.fl.context import ClientContext
+from osfl.fl.method import Method, Predictor, register_method, sample_fraction
 from osfl.fl.objectives import ObjectiveTerm, ProximalTerm
-from osfl.fl.training import TrainConfig, train_local
+from osfl.fl.train_config import TrainConfig
+from osfl.fl.training import train_local
 from osfl.fl.upload import Broadcast, Upload, UploadSpec
 from osfl.methods.clients import (
     WEIGHTINGS,
@@ -77,6 +81,14 @@ class FedAvg(Method):
     default_order: ClassVar[int] = 1
 
     @property
+    def rounds(self) -> int:
+        return self.config.rounds
+
+    def sample_clients(self, round: int, num_clients: int, rng: np.random.Generator) -> list[int]:
+        """A fraction ``client_fraction`` of the clients each round (Alg. 1's C)."""
+        return sample_fraction(self.config.client_fraction, round, num_clients, rng)
+
+    @property
     def one_shot_run(self) -> bool:
         """One round of plain local training: the shared, cached client models."""
         return self.rounds == 1 and not self.local_terms_active()
@@ -112,11 +124,12 @@ class FedAvg(Method):
                 device=self.run.device,
                 generator=ctx.generator,
                 terms=self.local_terms(broadcast),
-                progress=False,
+                progress=self.run.progress,
+                description=f"client {ctx.client_id}: local training",
             )
         return model_upload(model, len(data))
 
-    def upload_spec(self, state: StateDict, round: int) -> UploadSpec:
+    def upload_spec(self, state: StateDict, round: int, client: int) -> UploadSpec:
         return model_upload_spec(state)
 
     def aggregate(self, state: StateDict, uploads: Mapping[int, Upload], round: int) -> StateDict:

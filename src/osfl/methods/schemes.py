@@ -30,8 +30,9 @@ number of clients, ``S`` the clients of the round.
   ``d_k <- d_k + (theta_k - w)``; uploads ``theta_k``. Server: ``w <- avg(theta_k
   + d_k)``, ``Delta Theta <- avg(theta_k - w)`` (broadcast next round).
 
-Client state lives on the client (``_memory``, keyed by client id: a real
-client keeps it between rounds); the server keeps its own state plus what it
+Client state lives on the client: ``ctx.state`` (:class:`~osfl.fl.context.
+ClientState`), which the runtime keeps between rounds — in the simulation and
+in a Flower SuperNode's ``Context.state`` alike; the server keeps its own state plus what it
 can compute per client from the uploads it received (``SchemeState.clients``:
 SCAFFOLD's ``c_i``, FedDyn's ``g_k``, FedDC's ``d_k``), which is exactly what
 an honest-but-curious server knows for RLU's ``h`` term (Chen & Vikalo,
@@ -52,8 +53,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from osfl.data.imageset import ImageSet
-from osfl.fl.method import ClientContext, Predictor
-from osfl.fl.training import TrainConfig, train_local
+from osfl.fl.context import ClientContext, ClientState
+from osfl.fl.method import Predictor
+from osfl.fl.train_config import TrainConfig
+from osfl.fl.training import train_local
 from osfl.fl.upload import Broadcast, TensorSpec, Upload, UploadSpec
 from osfl.methods.clients import (
     WEIGHTINGS,
@@ -158,7 +161,6 @@ class StatefulScheme(FedAvg):
 
     def __init__(self, config: Any, run: Any):
         super().__init__(config, run)
-        self._memory: dict[int, Named] = {}  # client side: each client's own state
         self._names: list[str] | None = None
 
     @property
@@ -181,6 +183,19 @@ class StatefulScheme(FedAvg):
     # --- wire format ------------------------------------------------------
     def pack(self, named: Named) -> dict[str, torch.Tensor]:
         return {f"{self.prefix}.{n}.{k}": v for n, t in named.items() for k, v in t.items()}
+
+    @staticmethod
+    def read_memory(state: ClientState) -> Named:
+        """A client's own scheme tensors (``<name>.<param>`` in its state)."""
+        named: Named = {}
+        for key, v in state.tensors.items():
+            name, _, param = key.partition(".")
+            named.setdefault(name, {})[param] = v
+        return named
+
+    @staticmethod
+    def write_memory(state: ClientState, named: Named) -> None:
+        state.tensors = {f"{n}.{k}": v for n, t in named.items() for k, v in t.items()}
 
     def unpack(self, tensors: Mapping[str, torch.Tensor]) -> tuple[StateDict, Named]:
         """Split message tensors into the model state and the scheme's named tensors."""
@@ -207,9 +222,9 @@ class StatefulScheme(FedAvg):
     def client_update(self, ctx: ClientContext, broadcast: Broadcast, data: ImageSet) -> Upload:
         global_state, shared = self.unpack(broadcast.tensors)
         model = model_from_state(self.run, global_state)
-        memory = dict(self._memory.get(ctx.client_id, {}))
+        memory = self.read_memory(ctx.state)
         extras = self.local_round(ctx, model, global_state, shared, memory, data)
-        self._memory[ctx.client_id] = memory
+        self.write_memory(ctx.state, memory)
         upload = model_upload(model, len(data))
         upload.tensors.update(self.pack(extras))
         return upload
@@ -226,18 +241,19 @@ class StatefulScheme(FedAvg):
             device=self.run.device,
             generator=ctx.generator,
             terms=terms,
-            progress=False,
+            progress=self.run.progress,
+            description=f"client {ctx.client_id}: local training",
         )
         return cfg
 
-    def upload_spec(self, state: SchemeState, round: int) -> UploadSpec:
+    def upload_spec(self, state: SchemeState, round: int, client: int) -> UploadSpec:
         base = model_upload_spec(state.model)
         extra = {
             f"{self.prefix}.{n}.{k}": TensorSpec(tuple(state.model[k].shape), torch.float32)
             for n in self.upload_names()
             for k in self.param_names()
         }
-        return UploadSpec(tensors={**base.tensors, **extra}, meta_keys=base.meta_keys)
+        return UploadSpec(tensors={**base.tensors, **extra}, meta=base.meta)
 
     def aggregate(
         self, state: SchemeState, uploads: Mapping[int, Upload], round: int

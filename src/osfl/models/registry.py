@@ -55,8 +55,11 @@ def create_model(
     ``num_classes`` defaults to the constructor's own default (1000 for the
     ImageNet-sized ViT/DeiT, 10 for the CIFAR/digit CNNs); other keyword
     arguments (``in_chans``, ``img_size``, ``act``, ``depth``, ...) go to the
-    constructor. ``pretrained`` is a local checkpoint path loaded with
-    :func:`osfl.models.weights.load_pretrained` (nothing is ever downloaded).
+    constructor. ``pretrained`` is a local checkpoint path, or an explicit
+    ``hf-hub:owner/name`` id (the only case that downloads), loaded with
+    :func:`osfl.models.weights.load_pretrained` (layout detected from the keys,
+    position embeddings resampled to ``img_size``, head dropped when the class
+    count differs); see docs/models.md.
     """
     fn = MODELS.get(name)
     if num_classes is not None:

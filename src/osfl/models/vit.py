@@ -3,24 +3,39 @@ extras the one-shot and efficient-ViT methods need.
 
 References: Dosovitskiy et al., "An Image is Worth 16x16 Words" (ICLR 2021);
 Touvron et al., "Training data-efficient image transformers" (DeiT, ICML 2021);
-the module layout and every parameter name follow timm's
+Oquab et al., "DINOv2: Learning Robust Visual Features without Supervision"
+(TMLR 2024) and Darcet et al., "Vision Transformers Need Registers" (ICLR 2024)
+for the DINOv2 family (patch 14, layer scale ``init_values=1e-5``, optional
+register tokens). The module layout and every parameter name follow timm's
 ``timm/models/vision_transformer.py`` (``patch_embed.proj``, ``cls_token``,
-``pos_embed``, ``blocks.{i}.norm1/attn.qkv/attn.proj/ls1/norm2/mlp.fc1/mlp.fc2/ls2``,
-``norm``, ``fc_norm``, ``head``) so that timm / DeiT checkpoints load unchanged.
+``reg_token``, ``pos_embed``,
+``blocks.{i}.norm1/attn.qkv/attn.proj/ls1/norm2/mlp.fc1/mlp.fc2/ls2``, ``norm``,
+``fc_norm``, ``head``) so that timm / DeiT checkpoints load unchanged; other
+layouts (Hugging Face, facebookresearch/dinov2) are renamed by
+:mod:`osfl.models.layouts`.
+
+Register tokens sit between the class token and the patches and carry no
+position embedding, as in the original DINOv2 code and Hugging Face's
+``Dinov2WithRegistersModel``: ``pos_embed`` is always (1, 1 + N, D), class
+position first (timm's own ``*_reg4_dinov2`` checkpoints fold the class
+position into ``cls_token``; the loader converts).
 
 Extras (beyond timm):
 
 - ``keep_idx``: forward on a subset of patch tokens. The position embedding is
   added to *all* patch tokens before the gather, so a kept token keeps its
-  position; the class token is always kept. Sparse Model Inversion (SMI, used by
-  FedMITR) and EFTViT's masked training rely on it.
+  position; ``keep_idx`` indexes patches only, and the class and register
+  tokens are always kept. Sparse Model Inversion (SMI, used by FedMITR) and
+  EFTViT's masked training rely on it.
 - :meth:`VisionTransformer.attention_maps`: class-token-to-patch attention of
-  any block (SMI ranks patches by the last block's, averaged over heads).
+  any block (SMI ranks patches by the last block's, averaged over heads);
+  register columns are left out.
 - :meth:`VisionTransformer.split`: bottom (embedding + first ``m`` blocks) and
   top (remaining blocks + norm + head) sharing the parameters (EFTViT trains the
   bottom on clients and the top on the server from uploaded tokens).
-- :meth:`VisionTransformer.token_logits`: the head applied to every token
-  (FedMITR's token relabelling).
+- :meth:`VisionTransformer.token_logits`: the head applied to the class token
+  and every kept patch token (FedMITR's token relabelling); register tokens
+  are left out, so the shape is (B, 1 + K, C) with or without registers.
 """
 
 from __future__ import annotations
@@ -44,9 +59,11 @@ from osfl.models.registry import register_model
 
 # --- token plumbing shared by the full model, its bottom/top halves and encoder ---
 
-_POOLS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
-    "token": lambda t: t[:, 0],
-    "avg": lambda t: t[:, 1:].mean(dim=1),
+#: Pooling name -> (tokens (B, P+K, D), number of prefix tokens P) -> (B, D).
+#: "avg" averages the patch tokens only, as timm does with registers.
+_POOLS: dict[str, Callable[[torch.Tensor, int], torch.Tensor]] = {
+    "token": lambda t, num_prefix: t[:, 0],
+    "avg": lambda t, num_prefix: t[:, num_prefix:].mean(dim=1),
 }
 
 
@@ -71,24 +88,33 @@ def embed_tokens(
     pos_drop: nn.Module,
     x: torch.Tensor,
     keep_idx: torch.Tensor | None = None,
+    reg_token: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Images -> (B, 1+K, D) tokens: class token first, then the kept patches.
+    """Images -> (B, 1+R+K, D) tokens: class token, the R register tokens (if
+    any), then the kept patches.
 
     Position embeddings are added to every patch *before* the gather, so each
-    kept token carries its own position (SMI, EFTViT). ``keep_idx=None`` keeps
-    all patches in order (identical to timm's dense path).
+    kept token carries its own position (SMI, EFTViT); registers get none (as in
+    DINOv2). ``keep_idx=None`` keeps all patches in order (identical to timm's
+    dense path).
     """
     x = patch_embed(x) + pos_embed[:, 1:]
     if keep_idx is not None:
         idx = _check_keep_idx(keep_idx, x.shape[0], x.shape[1])
         x = torch.gather(x, 1, idx.unsqueeze(-1).expand(-1, -1, x.shape[-1]))
-    cls = (cls_token + pos_embed[:, :1]).expand(x.shape[0], -1, -1)
-    return pos_drop(torch.cat([cls, x], dim=1))
+    b = x.shape[0]
+    prefix = [(cls_token + pos_embed[:, :1]).expand(b, -1, -1)]
+    if reg_token is not None:
+        prefix.append(reg_token.expand(b, -1, -1))
+    return pos_drop(torch.cat([*prefix, x], dim=1))
 
 
-def pool_tokens(tokens: torch.Tensor, global_pool: str, fc_norm: nn.Module) -> torch.Tensor:
-    """(B, 1+K, D) normalised tokens -> (B, D) pooled feature."""
-    return fc_norm(_POOLS[global_pool](tokens))
+def pool_tokens(
+    tokens: torch.Tensor, global_pool: str, fc_norm: nn.Module, num_prefix: int = 1
+) -> torch.Tensor:
+    """(B, P+K, D) normalised tokens -> (B, D) pooled feature; ``num_prefix`` is
+    P = 1 + the number of register tokens."""
+    return fc_norm(_POOLS[global_pool](tokens, num_prefix))
 
 
 class ViTBottom(nn.Module):
@@ -102,13 +128,21 @@ class ViTBottom(nn.Module):
         super().__init__()
         self.patch_embed = vit.patch_embed
         self.cls_token = vit.cls_token
+        self.reg_token = vit.reg_token
         self.pos_embed = vit.pos_embed
         self.pos_drop = vit.pos_drop
         self.blocks = vit.blocks[:m]
+        self.num_prefix_tokens = vit.num_prefix_tokens
 
     def forward(self, x: torch.Tensor, keep_idx: torch.Tensor | None = None) -> torch.Tensor:
         x = embed_tokens(
-            self.patch_embed, self.cls_token, self.pos_embed, self.pos_drop, x, keep_idx
+            self.patch_embed,
+            self.cls_token,
+            self.pos_embed,
+            self.pos_drop,
+            x,
+            keep_idx,
+            self.reg_token,
         )
         return self.blocks(x)
 
@@ -116,9 +150,9 @@ class ViTBottom(nn.Module):
 class ViTTop(nn.Module):
     """The remaining blocks + final norm + pooling + head: tokens -> logits.
 
-    Accepts any number of tokens (class token first), so it runs on the sparse
-    token sets a bottom produced. Its ``state_dict`` keys equal the full
-    model's (``blocks.{i}`` keep their original index).
+    Accepts any number of tokens (class token, then registers, first), so it
+    runs on the sparse token sets a bottom produced. Its ``state_dict`` keys
+    equal the full model's (``blocks.{i}`` keep their original index).
     """
 
     def __init__(self, vit: VisionTransformer, m: int):
@@ -129,12 +163,15 @@ class ViTTop(nn.Module):
         self.head_drop = vit.head_drop
         self.head = vit.head
         self.global_pool = vit.global_pool
+        self.num_prefix_tokens = vit.num_prefix_tokens
 
     def forward_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         return self.norm(self.blocks(tokens))
 
     def forward_features(self, tokens: torch.Tensor) -> torch.Tensor:
-        return pool_tokens(self.forward_tokens(tokens), self.global_pool, self.fc_norm)
+        return pool_tokens(
+            self.forward_tokens(tokens), self.global_pool, self.fc_norm, self.num_prefix_tokens
+        )
 
     def forward_head(self, f: torch.Tensor) -> torch.Tensor:
         return self.head(self.head_drop(f))
@@ -152,17 +189,21 @@ class ViTEncoder(nn.Module):
         self.norm = vit.norm
         self.fc_norm = vit.fc_norm
         self.global_pool = vit.global_pool
+        self.num_prefix_tokens = vit.num_prefix_tokens
 
     def forward(self, x: torch.Tensor, keep_idx: torch.Tensor | None = None) -> torch.Tensor:
-        return pool_tokens(self.norm(self.bottom(x, keep_idx)), self.global_pool, self.fc_norm)
+        tokens = self.norm(self.bottom(x, keep_idx))
+        return pool_tokens(tokens, self.global_pool, self.fc_norm, self.num_prefix_tokens)
 
 
 class VisionTransformer(ImageClassifier):
-    """ViT / DeiT (non-distilled) with timm's parameter names.
+    """ViT / DeiT (non-distilled) / DINOv2 with timm's parameter names.
 
     ``global_pool="token"`` (class token, the ViT/DeiT default) or ``"avg"``
     (mean of patch tokens; then, as in timm, ``norm`` is the identity and
-    ``fc_norm`` normalises the pooled feature).
+    ``fc_norm`` normalises the pooled feature). ``init_values`` turns on layer
+    scale (``ls1/ls2.gamma``; DINOv2 uses 1e-5), ``reg_tokens`` adds that many
+    register tokens (``reg_token``, (1, R, D); DINOv2-reg uses 4).
     """
 
     classifier_name = "head"
@@ -180,6 +221,7 @@ class VisionTransformer(ImageClassifier):
         mlp_ratio: float = 4.0,
         qkv_bias: bool = True,
         init_values: float | None = None,
+        reg_tokens: int = 0,
         drop_rate: float = 0.0,
         pos_drop_rate: float = 0.0,
         attn_drop_rate: float = 0.0,
@@ -196,6 +238,8 @@ class VisionTransformer(ImageClassifier):
             ("patch_size", patch_size),
         ):
             check_positive(arg, v)
+        if isinstance(reg_tokens, bool) or not isinstance(reg_tokens, int) or reg_tokens < 0:
+            raise ConfigError(f"reg_tokens must be a non-negative integer, got {reg_tokens!r}")
         if global_pool not in _POOLS:
             raise ConfigError(
                 f"global_pool {global_pool!r} unknown; valid: {', '.join(sorted(_POOLS))}"
@@ -204,12 +248,14 @@ class VisionTransformer(ImageClassifier):
         self.num_classes = num_classes
         self.global_pool = global_pool
         self.num_features = self.embed_dim = embed_dim
-        self.num_prefix_tokens = 1
+        self.num_reg_tokens = reg_tokens
+        self.num_prefix_tokens = 1 + reg_tokens
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
+        self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, embed_dim))
         self.pos_drop = nn.Dropout(pos_drop_rate)
-        dpr = torch.linspace(0, drop_path_rate, depth).tolist()  # stochastic depth decay rule
+        dpr = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()  # stochastic depth decay rule
         block_kw = dict(
             num_heads=num_heads,
             mlp_ratio=mlp_ratio,
@@ -234,6 +280,8 @@ class VisionTransformer(ImageClassifier):
         tiny-normal class token, zero biases."""
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.normal_(self.cls_token, std=1e-6)
+        if self.reg_token is not None:
+            nn.init.normal_(self.reg_token, std=1e-6)
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -242,7 +290,7 @@ class VisionTransformer(ImageClassifier):
 
     def no_weight_decay(self) -> set[str]:
         """Parameters that optimizers should not decay (timm convention)."""
-        return {"pos_embed", "cls_token"}
+        return {"pos_embed", "cls_token", "reg_token"}
 
     @property
     def num_patches(self) -> int:
@@ -250,19 +298,27 @@ class VisionTransformer(ImageClassifier):
 
     # --- dense / sparse forward ------------------------------------------
     def embed(self, x: torch.Tensor, keep_idx: torch.Tensor | None = None) -> torch.Tensor:
-        """Images -> (B, 1+K, D) input tokens (class token first)."""
+        """Images -> (B, 1+R+K, D) input tokens (class token, registers, patches)."""
         return embed_tokens(
-            self.patch_embed, self.cls_token, self.pos_embed, self.pos_drop, x, keep_idx
+            self.patch_embed,
+            self.cls_token,
+            self.pos_embed,
+            self.pos_drop,
+            x,
+            keep_idx,
+            self.reg_token,
         )
 
     def forward_tokens(self, x: torch.Tensor, keep_idx: torch.Tensor | None = None) -> torch.Tensor:
-        """Images -> (B, 1+K, D) output tokens after the final norm."""
+        """Images -> (B, 1+R+K, D) output tokens after the final norm."""
         return self.norm(self.blocks(self.embed(x, keep_idx)))
 
     def forward_features(
         self, x: torch.Tensor, keep_idx: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return pool_tokens(self.forward_tokens(x, keep_idx), self.global_pool, self.fc_norm)
+        return pool_tokens(
+            self.forward_tokens(x, keep_idx), self.global_pool, self.fc_norm, self.num_prefix_tokens
+        )
 
     def forward_head(self, f: torch.Tensor) -> torch.Tensor:
         return self.head(self.head_drop(f))
@@ -271,11 +327,15 @@ class VisionTransformer(ImageClassifier):
         return self.forward_head(self.forward_features(x, keep_idx))
 
     def token_logits(self, x: torch.Tensor, keep_idx: torch.Tensor | None = None) -> torch.Tensor:
-        """The head on every output token: (B, 1+K, num_classes), class token first.
+        """The head on the class token and every kept patch token: (B, 1+K,
+        num_classes), class token first; register tokens are left out (they
+        stand for no image region).
 
         With ``global_pool="token"`` row 0 equals :meth:`forward`'s logits.
         """
-        return self.head(self.head_drop(self.fc_norm(self.forward_tokens(x, keep_idx))))
+        t = self.forward_tokens(x, keep_idx)
+        t = torch.cat([t[:, :1], t[:, self.num_prefix_tokens :]], dim=1)
+        return self.head(self.head_drop(self.fc_norm(t)))
 
     # --- attention, split, encoder ---------------------------------------
     def attention_maps(
@@ -287,15 +347,15 @@ class VisionTransformer(ImageClassifier):
     ) -> torch.Tensor:
         """Class-token-to-patch attention of block ``block``: (B, K) averaged over
         heads, or (B, H, K). Columns follow the (kept) patch order; each row sums
-        to 1 minus the class token's attention to itself. Only the blocks up to
-        ``block`` run."""
+        to 1 minus the class token's attention to itself and to the registers.
+        Only the blocks up to ``block`` run."""
         depth = len(self.blocks)
         if not -depth <= block < depth:
             raise ConfigError(f"block {block} out of range for a {depth}-block ViT")
         b = block % depth
         t = self.blocks[:b](self.embed(x, keep_idx))
         blk = self.blocks[b]
-        attn = blk.attn.attention_weights(blk.norm1(t))[:, :, 0, 1:]
+        attn = blk.attn.attention_weights(blk.norm1(t))[:, :, 0, self.num_prefix_tokens :]
         return attn.mean(dim=1) if average_heads else attn
 
     def split(self, m: int) -> tuple[ViTBottom, ViTTop]:
@@ -388,4 +448,42 @@ def vit_small_patch4_32(**kwargs: Any) -> VisionTransformer:
 def vit_tiny_patch2_16(**kwargs: Any) -> VisionTransformer:
     """Digit-sized ViT-Ti: 16 px, 8×8 grid of 2-px patches (pass ``in_chans=1`` for grey)."""
     cfg = dict(img_size=16, patch_size=2, embed_dim=192, depth=12, num_heads=3, num_classes=10)
+    return _create_vit(cfg, **kwargs)
+
+
+# --- DINOv2 (timm's vit_*_patch14_dinov2 / vit_*_patch14_reg4_dinov2 hyper-parameters) ---
+# 518 px = the 37x37 grid the checkpoints were trained at; pass img_size=224 (or
+# any multiple of 14) and load_pretrained resamples the position embeddings.
+_DINOV2 = dict(img_size=518, patch_size=14, init_values=1e-5)
+
+
+@register_model
+def dinov2_small(**kwargs: Any) -> VisionTransformer:
+    """DINOv2 ViT-S/14 (facebook/dinov2-small, timm vit_small_patch14_dinov2)."""
+    return _create_vit(dict(_DINOV2, embed_dim=384, depth=12, num_heads=6), **kwargs)
+
+
+@register_model
+def dinov2_base(**kwargs: Any) -> VisionTransformer:
+    """DINOv2 ViT-B/14 (facebook/dinov2-base, timm vit_base_patch14_dinov2)."""
+    return _create_vit(dict(_DINOV2, embed_dim=768, depth=12, num_heads=12), **kwargs)
+
+
+@register_model
+def dinov2_large(**kwargs: Any) -> VisionTransformer:
+    """DINOv2 ViT-L/14 (facebook/dinov2-large, timm vit_large_patch14_dinov2)."""
+    return _create_vit(dict(_DINOV2, embed_dim=1024, depth=24, num_heads=16), **kwargs)
+
+
+@register_model
+def dinov2_small_reg(**kwargs: Any) -> VisionTransformer:
+    """DINOv2 ViT-S/14 with 4 registers (facebook/dinov2-with-registers-small)."""
+    cfg = dict(_DINOV2, embed_dim=384, depth=12, num_heads=6, reg_tokens=4)
+    return _create_vit(cfg, **kwargs)
+
+
+@register_model
+def dinov2_base_reg(**kwargs: Any) -> VisionTransformer:
+    """DINOv2 ViT-B/14 with 4 registers (facebook/dinov2-with-registers-base)."""
+    cfg = dict(_DINOV2, embed_dim=768, depth=12, num_heads=12, reg_tokens=4)
     return _create_vit(cfg, **kwargs)

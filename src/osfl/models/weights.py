@@ -1,24 +1,29 @@
-"""Load pretrained weights from local timm / DeiT / Hugging Face checkpoints.
+"""Load pretrained weights from timm / DeiT / DINOv2 / Hugging Face / torchvision
+checkpoints.
 
-Nothing here downloads: a checkpoint is a local file (DESIGN.md §6). What it
-does is make a checkpoint fit the model, the way timm's
+Nothing downloads unless asked: a checkpoint is a local file (DESIGN.md §6),
+or an explicit ``hf-hub:owner/name`` id (:mod:`osfl.models.hub`). What this
+module does is make a checkpoint fit the model, the way timm's
 ``checkpoint_filter_fn`` / ``resample_abs_pos_embed`` / ``adapt_input_conv``
 (``timm/models/vision_transformer.py``, ``timm/layers/pos_embed.py``,
-``timm/models/_manipulate.py``) and Hugging Face's
-``convert_vit_timm_to_pytorch.py`` (run backwards) do:
+``timm/models/_manipulate.py``) do:
 
 - reads safetensors, or ``.pth/.pt/.bin`` with ``torch.load(weights_only=True)``
-  only (a pickle that needs arbitrary code is refused, never executed);
+  only (a pickle-only file, one that needs arbitrary code, is refused, never
+  executed);
 - unwraps ``{"model": ...}`` / ``{"state_dict": ...}`` nesting and
   ``module.`` / ``_orig_mod.`` prefixes;
-- renames Hugging Face ViT/DeiT keys to timm's, concatenating q/k/v into qkv;
+- renames the checkpoint's key layout to this project's names
+  (:mod:`osfl.models.layouts`: timm/torchvision, facebookresearch DINOv2,
+  Hugging Face ViT/DeiT/DINOv2);
 - resamples ``pos_embed`` bicubically when the patch grid differs (class token
   kept), drops a DeiT distillation token;
 - adapts the first convolution to another number of input channels (sum for
   grey, repeat-and-rescale otherwise);
 - drops the head when the class count differs.
 
-A key whose shape still disagrees is a :class:`~osfl.errors.ConfigError` that
+A key whose shape still disagrees, or that needs another architecture
+(register tokens, layer scale), is a :class:`~osfl.errors.ConfigError` that
 names it.
 """
 
@@ -38,12 +43,26 @@ import torch.nn.functional as F
 from torch import nn
 
 from osfl.errors import ConfigError
+from osfl.models.hub import is_hub_id, resolve_checkpoint
+from osfl.models.layouts import LAYOUTS, detect_layout
 
 log = logging.getLogger(__name__)
 
 HEAD_POLICIES = ("drop_head", "error")
 _NESTING_KEYS = ("state_dict", "model", "model_state", "model_state_dict", "module", "net")
 _STRIP_PREFIXES = ("module.", "_orig_mod.")
+#: Checkpoint keys that, when the model lacks them, mean the checkpoint is of
+#: another architecture: loading the rest would silently compute something else.
+_ARCH_KEYS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (
+        re.compile(r"reg_token$"),
+        "register tokens: build the model with reg_tokens=R (e.g. dinov2_small_reg)",
+    ),
+    (
+        re.compile(r"blocks\.\d+\.ls[12]\.gamma$"),
+        "layer scale: build the model with init_values (e.g. dinov2_small)",
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -51,16 +70,18 @@ class LoadReport:
     """What :func:`load_pretrained` did. ``missing_keys`` excludes dropped head keys."""
 
     path: str
-    format: str  # "timm" (timm / DeiT / our own names) or "huggingface"
+    format: str  # the checkpoint's layout name: "timm", "dinov2" or "huggingface"
     loaded: tuple[str, ...]
     missing_keys: tuple[str, ...]
     unexpected_keys: tuple[str, ...]
     dropped_keys: tuple[str, ...]
     adapted: tuple[str, ...]  # human-readable notes, e.g. "pos_embed: grid 8x8 -> 4x4"
+    source: str | None = None  # the hf-hub: id the file was fetched for, if any
 
     def summary(self) -> str:
+        where = f"{self.source} -> {self.path}" if self.source else self.path
         return (
-            f"{self.path} ({self.format}): {len(self.loaded)} loaded, {len(self.missing_keys)} missing, "
+            f"{where} ({self.format}): {len(self.loaded)} loaded, {len(self.missing_keys)} missing, "
             f"{len(self.unexpected_keys)} unexpected, {len(self.dropped_keys)} dropped"
             + (f"; adapted: {'; '.join(self.adapted)}" if self.adapted else "")
         )
@@ -86,9 +107,9 @@ def read_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
             obj = torch.load(str(p), map_location="cpu", weights_only=True)
         except pickle.UnpicklingError as e:
             raise ConfigError(
-                f"checkpoint {str(p)!r} holds objects other than tensors and is refused "
-                "(it is only ever read with weights_only=True); re-save its state_dict, "
-                "ideally as .safetensors"
+                f"checkpoint {str(p)!r} is pickle-only: it holds objects other than tensors "
+                "and is refused (checkpoints are only ever read with weights_only=True, never "
+                "unpickled); re-save its state_dict, ideally as .safetensors"
             ) from e
         except (RuntimeError, EOFError, OSError) as e:
             raise ConfigError(f"checkpoint {str(p)!r} cannot be read: {e}") from e
@@ -128,66 +149,6 @@ def _strip_prefixes(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         out[k] = v
     if out and all(k.startswith("model.") for k in out):  # e.g. Lightning modules
         out = {k[len("model.") :]: v for k, v in out.items()}
-    return out
-
-
-# --- Hugging Face ViT/DeiT -> timm names -------------------------------------
-_HF_PREFIX = r"(?:vit\.|deit\.)?"
-_HF_RULES: tuple[tuple[re.Pattern[str], str], ...] = tuple(
-    (re.compile(_HF_PREFIX + pat + r"$"), rep)
-    for pat, rep in (
-        (r"embeddings\.cls_token", "cls_token"),
-        (r"embeddings\.distillation_token", "dist_token"),
-        (r"embeddings\.position_embeddings", "pos_embed"),
-        (r"embeddings\.patch_embeddings\.projection\.(weight|bias)", r"patch_embed.proj.\1"),
-        (r"encoder\.layer\.(\d+)\.layernorm_before\.(weight|bias)", r"blocks.\1.norm1.\2"),
-        (
-            r"encoder\.layer\.(\d+)\.attention\.output\.dense\.(weight|bias)",
-            r"blocks.\1.attn.proj.\2",
-        ),
-        (r"encoder\.layer\.(\d+)\.layernorm_after\.(weight|bias)", r"blocks.\1.norm2.\2"),
-        (r"encoder\.layer\.(\d+)\.intermediate\.dense\.(weight|bias)", r"blocks.\1.mlp.fc1.\2"),
-        (r"encoder\.layer\.(\d+)\.output\.dense\.(weight|bias)", r"blocks.\1.mlp.fc2.\2"),
-        (r"layernorm\.(weight|bias)", r"norm.\1"),
-        (r"(?:classifier|cls_classifier)\.(weight|bias)", r"head.\1"),
-        (r"distillation_classifier\.(weight|bias)", r"head_dist.\1"),
-    )
-)
-_HF_QKV = re.compile(
-    _HF_PREFIX + r"encoder\.layer\.(\d+)\.attention\.attention\.(query|key|value)\.(weight|bias)$"
-)
-_HF_MARK = re.compile(r"(^|\.)(encoder\.layer\.\d+\.|embeddings\.patch_embeddings\.)")
-
-
-def is_hf_vit(sd: Mapping[str, torch.Tensor]) -> bool:
-    return any(_HF_MARK.search(k) for k in sd)
-
-
-def hf_to_timm(sd: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Rename Hugging Face ``ViTModel``/``ViTForImageClassification``/DeiT keys to
-    timm's; q, k, v are concatenated (in that order) into ``attn.qkv``. Keys with
-    no counterpart (``pooler.*``) are kept under their own names."""
-    out: dict[str, torch.Tensor] = {}
-    qkv: dict[tuple[str, str], dict[str, torch.Tensor]] = {}
-    for k, v in sd.items():
-        m = _HF_QKV.match(k)
-        if m:
-            qkv.setdefault((m.group(1), m.group(3)), {})[m.group(2)] = v
-            continue
-        for pat, rep in _HF_RULES:
-            if pat.match(k):
-                out[pat.sub(rep, k)] = v
-                break
-        else:
-            out[k] = v
-    for (layer, kind), parts in qkv.items():
-        if set(parts) != {"query", "key", "value"}:
-            raise ConfigError(
-                f"Hugging Face checkpoint: layer {layer} {kind} lacks one of query/key/value"
-            )
-        out[f"blocks.{layer}.attn.qkv.{kind}"] = torch.cat(
-            [parts["query"], parts["key"], parts["value"]], 0
-        )
     return out
 
 
@@ -233,10 +194,30 @@ def _classifier_prefix(model: nn.Module) -> str | None:
     return next((n + "." for n, m in model.named_modules() if m is head and n), None)
 
 
+def _shape_hint(k: str, v: torch.Tensor, want: torch.Tensor, first_conv: str | None) -> str:
+    """Why a key's shape disagrees, in terms of what to build instead."""
+    if k == first_conv and "patch_embed" not in k and v.ndim == 4 and v.shape[2:] != want.shape[2:]:
+        return (
+            "its first convolution has another kernel: an ImageNet-stem ResNet checkpoint "
+            "needs stem='imagenet', e.g. tv_resnet18 / tv_resnet50"
+        )
+    return "check embed_dim / depth / patch_size / reg_tokens / model name"
+
+
 def _fit(
-    model: nn.Module, sd: dict[str, torch.Tensor], drop_head: bool
+    model: nn.Module,
+    sd: dict[str, torch.Tensor],
+    drop_head: bool,
+    renamed: Mapping[str, str] | None = None,
 ) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
-    """Make ``sd``'s shapes match ``model``; returns (fitted, dropped, notes)."""
+    """Make ``sd``'s shapes match ``model``; returns (fitted, dropped, notes).
+    ``renamed`` (this project's name -> the checkpoint's) makes errors name the
+    key as it appears in the file."""
+    renamed = renamed or {}
+
+    def show(k: str) -> str:
+        return f"{renamed[k]!r} ({k!r} here)" if renamed.get(k, k) != k else repr(k)
+
     target = model.state_dict()
     head = _classifier_prefix(model)
     first_conv = next((k for k, v in target.items() if v.ndim == 4), None)
@@ -248,6 +229,12 @@ def _fit(
     order = [k for k in target if k in sd] + [k for k in sd if k not in target]
     for k in order:
         v = sd[k]
+        hint = next((h for pat, h in _ARCH_KEYS if k not in target and pat.search(k)), None)
+        if hint is not None:
+            raise ConfigError(
+                f"checkpoint key {show(k)} has no counterpart in the model: the checkpoint "
+                f"uses {hint}"
+            )
         if k == "dist_token" and k not in target:
             dropped.append(k)
             notes.append("dist_token: DeiT distillation token dropped")
@@ -276,15 +263,16 @@ def _fit(
         if head is not None and k.startswith(head) and v.shape[1:] == want.shape[1:]:
             if not drop_head:
                 raise ConfigError(
-                    f"checkpoint head {k!r} has {v.shape[0]} classes, the model {want.shape[0]}; "
+                    f"checkpoint head {show(k)} has {v.shape[0]} classes, the model "
+                    f"{want.shape[0]}; "
                     "pass num_classes_mismatch='drop_head' to keep the model's fresh head"
                 )
             dropped.append(k)
             continue
         raise ConfigError(
-            f"checkpoint key {k!r} has shape {tuple(v.shape)} but the model expects "
+            f"checkpoint key {show(k)} has shape {tuple(v.shape)} but the model expects "
             f"{tuple(want.shape)}; the checkpoint is for a different architecture "
-            "(check embed_dim / depth / patch_size / model name)"
+            f"({_shape_hint(k, v, want, first_conv)})"
         )
     head_dropped = [k for k in dropped if head is not None and k.startswith(head)]
     if head_dropped:
@@ -298,38 +286,62 @@ def load_pretrained(
     *,
     strict: bool = False,
     num_classes_mismatch: str = "drop_head",
+    layout: str | None = None,
 ) -> LoadReport:
-    """Load a local checkpoint into ``model`` (in place) and report what happened.
+    """Load a checkpoint into ``model`` (in place) and report what happened.
 
-    ``strict=True`` refuses missing or unexpected keys (a head dropped under
-    ``num_classes_mismatch="drop_head"`` is not counted as missing);
-    ``num_classes_mismatch="error"`` refuses a head of another class count.
-    A checkpoint sharing no key with the model is refused either way.
+    ``path`` is a local file or an ``hf-hub:owner/name[@rev][/file]`` id
+    (:mod:`osfl.models.hub`; needs ``huggingface_hub`` and, unless cached,
+    internet). ``layout`` names the key layout (``timm``, ``dinov2``,
+    ``huggingface``; :data:`osfl.models.layouts.LAYOUTS`); by default it is
+    detected from the keys. ``strict=True`` refuses missing or unexpected keys
+    (a head dropped under ``num_classes_mismatch="drop_head"`` and BatchNorm's
+    ``num_batches_tracked`` counters are not counted as missing);
+    ``num_classes_mismatch="error"`` refuses a head of another class count. A
+    checkpoint sharing no key with the model is refused either way.
     """
     if num_classes_mismatch not in HEAD_POLICIES:
         raise ConfigError(
             f"num_classes_mismatch must be one of {HEAD_POLICIES}, got {num_classes_mismatch!r}"
         )
-    sd = read_state_dict(path)
-    fmt = "huggingface" if is_hf_vit(sd) else "timm"
-    if fmt == "huggingface":
-        sd = hf_to_timm(sd)
-    fitted, dropped, notes = _fit(model, sd, num_classes_mismatch == "drop_head")
-    result = model.load_state_dict(fitted, strict=False)
-    missing = tuple(k for k in result.missing_keys if k not in dropped)
-    unexpected = tuple(result.unexpected_keys)
-    loaded = tuple(k for k in fitted if k not in set(unexpected))
+    source = str(path) if is_hub_id(path) else None
+    file = resolve_checkpoint(path)
+    raw = read_state_dict(file)
+    fmt = LAYOUTS.get(layout) if layout is not None else detect_layout(raw)
+    converted = fmt.to_osfl(raw)
+    sd = converted.state_dict
+    fitted, dropped, notes = _fit(model, sd, num_classes_mismatch == "drop_head", converted.renamed)
+    dropped = [*converted.dropped, *dropped]
+    target = model.state_dict()
+    missing = tuple(
+        k
+        for k in target
+        if k not in fitted and k not in dropped and not k.endswith("num_batches_tracked")
+    )
+    unexpected = tuple(k for k in fitted if k not in target)
+    loaded = tuple(k for k in fitted if k in target)
+    # every refusal comes before the model is touched
     if not loaded:
         raise ConfigError(
             f"checkpoint {str(path)!r} shares no parameter name with the model "
-            f"(checkpoint keys start {sorted(sd)[:3]}, model keys {list(model.state_dict())[:3]})"
+            f"(checkpoint keys start {sorted(raw)[:3]}, model keys {list(model.state_dict())[:3]})"
         )
     if strict and (missing or unexpected):
         raise ConfigError(
             f"checkpoint {str(path)!r} does not match the model exactly: missing {list(missing)[:10]}, "
             f"unexpected {list(unexpected)[:10]} (pass strict=False to load what matches)"
         )
-    report = LoadReport(str(path), fmt, loaded, missing, unexpected, tuple(dropped), tuple(notes))
+    model.load_state_dict({k: fitted[k] for k in loaded}, strict=False)
+    report = LoadReport(
+        str(file),
+        fmt.name,
+        loaded,
+        missing,
+        unexpected,
+        tuple(dropped),
+        (*converted.notes, *notes),
+        source,
+    )
     log.info("loaded weights %s", report.summary())
     if missing:
         log.warning("keys left at their initial values: %s", ", ".join(missing[:20]))

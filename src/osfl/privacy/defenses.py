@@ -32,13 +32,14 @@ from typing import Any
 import torch
 
 from osfl.errors import ConfigError
-from osfl.fl.method import ClientContext, Method
+from osfl.fl.context import ClientContext, RunContext
+from osfl.fl.method import Method, MethodWrapper
 from osfl.fl.upload import Broadcast, Upload
 from osfl.registry import Registry
 
 log = logging.getLogger(__name__)
 
-#: Which upload tensors a defence perturbs: scope name -> selector(method, upload, broadcast)
+#: Which upload tensors a defence perturbs: scope name -> selector(names, upload, broadcast)
 SCOPES: Registry[Any] = Registry("defence scope")
 
 
@@ -97,24 +98,22 @@ def clip_and_noise(
 
 
 @SCOPES.register("parameters")
-def _parameters(method: Method, upload: Upload, broadcast: Broadcast) -> tuple[list, list]:
-    names = _model_names(method)["parameters"]
-    return [k for k in names if k in upload.tensors and k in broadcast.tensors], []
+def _parameters(names: ModelNames, upload: Upload, broadcast: Broadcast) -> tuple[list, list]:
+    return [k for k in names.parameters if k in upload.tensors and k in broadcast.tensors], []
 
 
 @SCOPES.register("state")
-def _state(method: Method, upload: Upload, broadcast: Broadcast) -> tuple[list, list]:
-    names = _model_names(method)["state"]
+def _state(names: ModelNames, upload: Upload, broadcast: Broadcast) -> tuple[list, list]:
     keys = [
         k
-        for k in names
+        for k in names.state
         if k in upload.tensors and k in broadcast.tensors and upload.tensors[k].is_floating_point()
     ]
     return keys, []
 
 
 @SCOPES.register("all")
-def _all(method: Method, upload: Upload, broadcast: Broadcast) -> tuple[list, list]:
+def _all(names: ModelNames, upload: Upload, broadcast: Broadcast) -> tuple[list, list]:
     deltas, values = [], []
     for k, v in upload.tensors.items():
         if not v.is_floating_point():
@@ -124,62 +123,32 @@ def _all(method: Method, upload: Upload, broadcast: Broadcast) -> tuple[list, li
     return deltas, values
 
 
-def _model_names(method: Method) -> dict[str, list[str]]:
-    """The run model's trainable parameter names and state-dict keys (built once)."""
-    names = getattr(method, "_defense_names", None)
-    if names is None:
-        model = method.run.model.build(method.run.num_classes)
-        names = {
-            "parameters": [n for n, p in model.named_parameters() if p.requires_grad],
-            "state": list(model.state_dict()),
-        }
-        method._defense_names = names  # type: ignore[attr-defined]
-    return names
+@dataclass(frozen=True)
+class ModelNames:
+    """The run model's trainable parameter names and state-dict keys."""
+
+    parameters: tuple[str, ...]
+    state: tuple[str, ...]
+
+    @classmethod
+    def of(cls, run: RunContext) -> ModelNames:
+        model = run.model.build_meta(run.num_classes)
+        params = tuple(n for n, p in model.named_parameters() if p.requires_grad)
+        return cls(params, tuple(model.state_dict()))
 
 
-class DefendedMethod(Method):
+class DefendedMethod(MethodWrapper):
     """``inner`` whose every upload is clipped and noised on the client.
 
-    Everything else (rounds, broadcast, aggregation, predictor, extra
-    attributes such as ``audit_history``) is the inner method's; the public
+    Everything else (rounds, broadcast, aggregation, predictor, hooks) is the
+    inner method's (:class:`~osfl.fl.method.MethodWrapper`); the public
     hyper-parameters gain ``defense`` (a DP mechanism is public).
     """
 
     def __init__(self, inner: Method, defense: DefenseConfig):
-        super().__init__(inner.config, inner.run)
-        self.inner = inner
+        super().__init__(inner)
         self.defense = defense
-        self.name = inner.name  # type: ignore[misc]
-        self.Config = inner.Config  # type: ignore[misc]
-        self.one_shot = inner.one_shot  # type: ignore[misc]
-
-    def __getattr__(self, attr: str) -> Any:
-        # only called for attributes not found normally: delegate to the wrapped method
-        if attr == "inner":
-            raise AttributeError(attr)
-        return getattr(self.inner, attr)
-
-    @property
-    def rounds(self) -> int:
-        return self.inner.rounds
-
-    def sample_clients(self, round: int, num_clients: int, rng: Any) -> list[int]:
-        return self.inner.sample_clients(round, num_clients, rng)
-
-    def init_state(self) -> Any:
-        return self.inner.init_state()
-
-    def broadcast(self, state: Any, round: int) -> Broadcast:
-        return self.inner.broadcast(state, round)
-
-    def upload_spec(self, state: Any, round: int) -> Any:
-        return self.inner.upload_spec(state, round)
-
-    def aggregate(self, state: Any, uploads: Mapping[int, Upload], round: int) -> Any:
-        return self.inner.aggregate(state, uploads, round)
-
-    def predictor(self, state: Any) -> Any:
-        return self.inner.predictor(state)
+        self._names: ModelNames | None = None
 
     def public_hparams(self) -> dict[str, Any]:
         return {**self.inner.public_hparams(), "defense": dataclasses.asdict(self.defense)}
@@ -191,7 +160,9 @@ class DefendedMethod(Method):
     def protect(self, ctx: ClientContext, broadcast: Broadcast, upload: Upload) -> Upload:
         """The upload with its update clipped and noised (a new Upload)."""
         d = self.defense
-        deltas, values = SCOPES.get(d.scope)(self.inner, upload, broadcast)
+        if self._names is None:
+            self._names = ModelNames.of(self.run)
+        deltas, values = SCOPES.get(d.scope)(self._names, upload, broadcast)
         update = {
             k: upload.tensors[k].detach().to("cpu") - broadcast.tensors[k].to("cpu") for k in deltas
         }
@@ -214,17 +185,24 @@ class DefendedMethod(Method):
         return Upload(tensors=tensors, meta=dict(upload.meta))
 
 
+def defense_config(spec: Mapping[str, Any] | DefenseConfig | None) -> DefenseConfig | None:
+    """The config's ``defense`` mapping as a :class:`DefenseConfig` (``None``
+    when empty); unknown options are a ConfigError listing the valid ones."""
+    if spec is None or isinstance(spec, DefenseConfig):
+        return spec
+    if not spec:
+        return None
+    valid = [f.name for f in dataclasses.fields(DefenseConfig)]
+    unknown = sorted(set(spec) - set(valid))
+    if unknown:
+        raise ConfigError(
+            f"unknown defense option(s) {', '.join(unknown)}; valid: {', '.join(valid)}"
+        )
+    return DefenseConfig(**dict(spec))
+
+
 def apply_defense(method: Method, spec: Mapping[str, Any] | DefenseConfig | None) -> Method:
     """``method`` wrapped in :class:`DefendedMethod` when ``spec`` (the config's
     ``defense`` mapping) asks for clipping or noise; else ``method`` itself."""
-    if spec is None:
-        return method
-    if not isinstance(spec, DefenseConfig):
-        valid = [f.name for f in dataclasses.fields(DefenseConfig)]
-        unknown = sorted(set(spec) - set(valid))
-        if unknown:
-            raise ConfigError(
-                f"unknown defense option(s) {', '.join(unknown)}; valid: {', '.join(valid)}"
-            )
-        spec = DefenseConfig(**dict(spec))
-    return DefendedMethod(method, spec) if spec.active else method
+    cfg = defense_config(spec)
+    return DefendedMethod(method, cfg) if cfg is not None and cfg.active else method

@@ -23,8 +23,9 @@ from torch import nn
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
 from osfl.fl.objectives import ObjectiveTerm
-from osfl.fl.observation import Observation
-from osfl.fl.training import TrainConfig, train_local
+from osfl.fl.observation import Observation, observe
+from osfl.fl.train_config import TrainConfig
+from osfl.fl.training import train_local
 
 #: Transforms an update (local − global state, float tensors) before upload: a defence.
 UpdateHook = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
@@ -57,8 +58,8 @@ def simulate_observation(
     ``train`` is the local recipe; set ``steps=m`` for the paper's "m local
     epochs of one batch each". ``terms`` are the scheme's objective terms
     (their constants go in ``scheme_params``; ``history`` holds the history
-    tensors RLU's h term reads, e.g. ``history.scaffold.c.<param>``, attached
-    to the broadcast). ``model_spec`` = ``hparams["model"]`` entries from
+    tensors RLU's h term reads, e.g. ``history.scaffold.c.<param>``, the
+    Observation's ``history``). ``model_spec`` = ``hparams["model"]`` entries from
     :func:`model_hparams` (else attacks need ``model=``). ``update_hook`` maps
     the update Δθ (float tensors) before upload, e.g. clipping + DP noise.
     Returns the Observation (with ``truth["labels"]``, the labels of every
@@ -99,16 +100,14 @@ def simulate_observation(
         **dict(model_spec or {}),
     }
     hparams.setdefault("num_classes", num_classes)
-    broadcast = dict(global_state)
-    for k, v in (history or {}).items():
-        broadcast[k] = v.detach().cpu().clone()
-    obs = Observation(
-        client_id=client_id,
-        round=round,
-        broadcast=broadcast,
+    obs = observe(
+        client_id,
+        round,
+        broadcast=global_state,
         upload=local_state,
         upload_meta={"num_samples": len(data)},
         hparams=hparams,
         truth={"labels": torch.cat(labels).to(torch.int64), "num_classes": num_classes},
+        history=history,
     )
     return obs, local.eval()

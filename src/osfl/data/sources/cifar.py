@@ -24,7 +24,6 @@ import numpy as np
 import torch
 
 from osfl.data.imageset import DataSplits
-from osfl.data.sources import register_dataset
 from osfl.data.sources.common import (
     check_channels,
     check_dir,
@@ -34,6 +33,7 @@ from osfl.data.sources.common import (
     make_imageset,
     subset_splits,
 )
+from osfl.data.sources.registry import register_dataset
 from osfl.errors import DataError
 
 try:  # numpy >= 2 moved numpy.core to numpy._core (pickles may name either)

@@ -12,7 +12,6 @@ import numpy as np
 import torch
 
 from osfl.data.imageset import DataSplits
-from osfl.data.sources import register_dataset
 from osfl.data.sources.common import (
     check_channels,
     check_fraction,
@@ -23,6 +22,7 @@ from osfl.data.sources.common import (
     stratified_split,
     subset_splits,
 )
+from osfl.data.sources.registry import register_dataset
 from osfl.errors import DataError
 
 

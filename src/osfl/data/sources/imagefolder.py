@@ -28,7 +28,6 @@ import numpy as np
 import torch
 
 from osfl.data.imageset import DataSplits
-from osfl.data.sources import register_dataset
 from osfl.data.sources.common import (
     balanced_subset,
     cache_key,
@@ -43,6 +42,7 @@ from osfl.data.sources.common import (
     save_splits,
     stratified_split,
 )
+from osfl.data.sources.registry import register_dataset
 from osfl.errors import DataError
 
 log = logging.getLogger(__name__)

@@ -1,24 +1,23 @@
 """The osfl ClientApp: a Flower ``ClientApp`` (Message API, ``flwr.clientapp``)
-that runs a Method's ``client_update`` on this node's client data.
+that runs a method's client side on this node's client data.
 
 Each SuperNode plays one client of the federation: the one named by its node
 config ``partition-id`` (``flower-supernode --node-config "partition-id=2"``;
-Flower's simulation engine sets it to 0..N-1 itself). The node builds the same
-:class:`~osfl.fl.runtime.flower_job.FlowerJob` as the server from the run
-config, so its client data is exactly the simulation's ``train.subset(
-federation.client_indices[partition_id])``, and it seeds its
-:class:`~osfl.fl.method.ClientContext` generator with the simulation's
-:func:`~osfl.fl.runtime.simulation.client_generator` — same seed, same data,
-same random draws, so the same upload bytes as the simulation on CPU.
+Flower's simulation engine sets it to 0..N-1 itself). The node builds its
+:class:`~osfl.fl.runtime.base.Job` from the run config with the app's builder,
+so its client data is exactly the simulation's, and it runs the very client
+step of the simulation (:func:`~osfl.fl.runtime.client.run_client`) with its
+state from earlier rounds read from and written back to Flower's
+``Context.state`` — same seed, same data, same state, same upload bytes.
 
 Two handlers:
 
 - ``query.osfl_whoami``: answers the server's discovery with the node's
   ``partition-id`` and the digest of the job it built.
-- ``train.osfl_update``: parses the Broadcast, checks the round's client id
-  and job digest, runs ``method.client_update`` and replies with the
-  Upload's safetensors bytes. A failure becomes a Flower error reply whose
-  reason the server logs when it drops this client.
+- ``train.osfl_update``: checks the round's client id and job digest, runs the
+  client step and replies with the Upload's safetensors bytes. A failure
+  becomes a Flower error reply whose reason the server logs when it drops
+  this client.
 """
 
 from __future__ import annotations
@@ -30,27 +29,20 @@ from flwr.app import Context, Error, Message
 from flwr.clientapp import ClientApp
 
 from osfl.errors import ConfigError, OsflError, UploadError
-from osfl.fl.method import ClientContext
-from osfl.fl.runtime.flower_job import (
-    FlowerJob,
-    JobBuilder,
-    JobSpec,
-    build_experiment_job,
-    cached_job,
-    job_parts,
-    parts_mismatch,
-)
+from osfl.fl.runtime.base import Job
+from osfl.fl.runtime.client import run_client
 from osfl.fl.runtime.flower_records import (
     MSG_TRAIN,
     MSG_WHOAMI,
     Envelope,
     pack,
+    read_state,
     read_whoami_query,
     unpack,
     whoami_record,
+    write_state,
 )
-from osfl.fl.runtime.simulation import client_generator
-from osfl.fl.upload import Broadcast
+from osfl.fl.runtime.flower_spec import JOBS, JobBuilder, JobSpec, job_parts, parts_mismatch
 
 log = logging.getLogger(__name__)
 
@@ -70,50 +62,46 @@ def partition_id(context: Context) -> int:
     return int(value)
 
 
-def _category_action(message_type: str) -> tuple[str, str]:
-    category, _, action = message_type.partition(".")
-    return category, action
+Handler = Callable[[Message, Context], Message]
 
 
-def make_client_app(builder: JobBuilder | None = None, spec: JobSpec | None = None) -> ClientApp:
-    """A ClientApp that builds its job with ``builder`` (default: from the osfl
-    experiment config) from ``spec`` (default: the run config of each message)."""
-    build = builder or build_experiment_job
+def _guarded(handler: Handler) -> Handler:
+    """Turn a failure into an error reply that names this node's client,
+    instead of Flower's generic 'ClientApp raised an exception'."""
+
+    def wrapped(msg: Message, context: Context) -> Message:
+        try:
+            return handler(msg, context)
+        except OsflError as e:
+            log.warning("client refused %s: %s", msg.metadata.message_type, e)
+            return Message(Error(ERROR_CLIENT_FAILED, str(e)), reply_to=msg)
+        except Exception as e:  # a bug: keep its traceback in this node's log
+            log.exception("client failed on %s", msg.metadata.message_type)
+            return Message(Error(ERROR_CLIENT_FAILED, f"{type(e).__name__}: {e}"), reply_to=msg)
+
+    return wrapped
+
+
+def make_client_app(builder: JobBuilder, spec: JobSpec | None = None) -> ClientApp:
+    """A ClientApp that builds its job with ``builder`` from ``spec`` (default:
+    the run config of each message), once per process."""
     app = ClientApp()
 
-    def job_for(context: Context) -> FlowerJob:
-        return cached_job(build, spec or JobSpec.from_run_config(context.run_config))
-
-    def guarded(
-        handler: Callable[[Message, Context], Message],
-    ) -> Callable[[Message, Context], Message]:
-        """Turn a failure into an error reply that names this node's client,
-        instead of Flower's generic 'ClientApp raised an exception'."""
-
-        def wrapped(msg: Message, context: Context) -> Message:
-            try:
-                return handler(msg, context)
-            except OsflError as e:
-                log.warning("client refused %s: %s", msg.metadata.message_type, e)
-                return Message(Error(ERROR_CLIENT_FAILED, str(e)), reply_to=msg)
-            except Exception as e:  # a bug: keep its traceback in this node's log
-                log.exception("client failed on %s", msg.metadata.message_type)
-                return Message(Error(ERROR_CLIENT_FAILED, f"{type(e).__name__}: {e}"), reply_to=msg)
-
-        return wrapped
+    def job_for(context: Context) -> tuple[Job, str]:
+        return JOBS.get(builder, spec or JobSpec.from_run_config(context.run_config))
 
     def whoami(msg: Message, context: Context) -> Message:
         pid = partition_id(context)
-        job = job_for(context)
-        job.client_data(pid)  # range check now, not in round 0
-        digest, parts = read_whoami_query(msg.content)
-        if digest != job.digest:
+        job, digest = job_for(context)
+        job.clients.data(pid)  # range check now, not in round 0
+        theirs, parts = read_whoami_query(msg.content)
+        if theirs != digest:
             raise ConfigError(
-                f"partition-id {pid} built job {job.digest}, the server {digest} "
+                f"partition-id {pid} built job {digest}, the server {theirs} "
                 f"({parts_mismatch(job_parts(job), parts) or 'same parts, other digest'}): "
                 "start the run and the SuperNodes with the same osfl version, config and data"
             )
-        return Message(whoami_record(pid, job.digest), reply_to=msg)
+        return Message(whoami_record(pid, digest), reply_to=msg)
 
     def update(msg: Message, context: Context) -> Message:
         pid = partition_id(context)
@@ -124,24 +112,27 @@ def make_client_app(builder: JobBuilder | None = None, spec: JobSpec | None = No
                 f"partition-id {pid}",
                 client=pid,
             )
-        job = job_for(context)
-        if env.job != job.digest:
+        job, digest = job_for(context)
+        if env.job != digest:
             raise ConfigError(
-                f"this node built job {job.digest} but the server runs job {env.job}: start "
+                f"this node built job {digest} but the server runs job {env.job}: start "
                 "the SuperLink run and the SuperNodes with the same osfl config, data and seed"
             )
-        ctx = ClientContext(
-            run=job.run,
-            client_id=pid,
+        turn = run_client(
+            job.method,
+            job.run,
+            client=pid,
             round=env.round,
-            generator=client_generator(job.seed, pid, env.round),
+            seed=job.seed,
+            payload=env.payload,
+            data=job.clients.data(pid),
+            state=read_state(context.state, client=pid),
         )
-        bcast = Broadcast.from_bytes(env.payload, client=pid)
-        upload = job.method.client_update(ctx, bcast, job.client_data(pid))
-        raw = upload.to_bytes()
-        return Message(pack(Envelope(raw, env.round, pid, job.digest)), reply_to=msg)
+        if turn.upload is None:
+            raise UploadError(turn.failure or "no upload", client=pid)
+        write_state(context.state, turn.state)
+        return Message(pack(Envelope(turn.upload, env.round, pid, digest)), reply_to=msg)
 
-    for message_type, handler in ((MSG_WHOAMI, whoami), (MSG_TRAIN, update)):
-        category, action = _category_action(message_type)
-        getattr(app, category)(action)(guarded(handler))
+    app.query(MSG_WHOAMI.partition(".")[2])(_guarded(whoami))
+    app.train(MSG_TRAIN.partition(".")[2])(_guarded(update))
     return app

@@ -13,6 +13,9 @@ fast tests use; real processes are covered by ``docs/flower.md``.
 
 Replies can be computed in a thread pool (``parallel``); the server
 aggregates in client order regardless, so results do not depend on it.
+:class:`FlowerLoopbackRuntime` (``runtime=flower`` in a config) runs a job
+this way: the ServerApp's runtime over a loopback Grid of ClientApps that
+share the job object, so the numbers equal the simulation's for the seed.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -33,6 +36,12 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from osfl.errors import ConfigError
+from osfl.fl.observers import Observer
+from osfl.fl.runtime.base import Job, RunResult
+from osfl.fl.runtime.flower_client import make_client_app
+from osfl.fl.runtime.flower_server import FlowerGridRuntime
+from osfl.fl.runtime.flower_spec import JobSpec
+from osfl.fl.runtime.simulation import SimulationRuntime
 
 #: Loopback node ids start here (any non-zero ints would do; 0 is the server).
 FIRST_NODE_ID = 1001
@@ -176,3 +185,33 @@ class LoopbackGrid(Grid):
         context = self._contexts[message.metadata.dst_node_id]
         reply = self.client_app(inbound, context)
         return self._carry(reply)
+
+
+class FlowerLoopbackRuntime(SimulationRuntime):
+    """Flower's message flow in this process: :class:`FlowerGridRuntime` over a
+    :class:`LoopbackGrid` whose ClientApps share ``job``. ``parallel_clients``
+    and ``threads_per_client`` mean what they mean for the simulation (the
+    thread count changes CPU results in the last bits); ``wire=False`` skips
+    Flower's wire encoding (only to measure its cost)."""
+
+    name = "flower"
+
+    def __init__(
+        self,
+        parallel_clients: int = 1,
+        threads_per_client: int | None = None,
+        *,
+        wire: bool = True,
+    ):
+        super().__init__(parallel_clients, threads_per_client)
+        self.wire = wire
+
+    def execute(self, job: Job, *, observers: Sequence[Observer] = ()) -> RunResult:
+        def same_job(_: JobSpec) -> Job:
+            return job
+
+        app = make_client_app(same_job, JobSpec())
+        grid = LoopbackGrid(app, job.num_clients, parallel=self.parallel, wire=self.wire)
+        runtime = FlowerGridRuntime(grid, threads=self.pinned_threads())
+        with loopback_identity():
+            return runtime.execute(job, observers=observers)

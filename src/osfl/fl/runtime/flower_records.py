@@ -18,6 +18,11 @@ A message's :class:`flwr.app.RecordDict` holds two records:
   :func:`osfl.fl.runtime.flower_job.job_digest`), so a node started with a
   different config is refused instead of silently training on other data.
 
+A client's :class:`~osfl.fl.context.ClientState` between rounds lives in the
+SuperNode's ``Context.state`` (Flower's per-node state, kept across the
+messages of one run) as the same kind of record: the state's safetensors
+bytes in an ArrayRecord named ``"osfl.client_state"``.
+
 Nothing here is pickled: safetensors bytes and scalars only.
 """
 
@@ -36,6 +41,7 @@ PAYLOAD_RECORD = "osfl.payload"
 META_RECORD = "osfl.meta"
 PAYLOAD_ARRAY = "safetensors"
 PAYLOAD_STYPE = "safetensors"
+STATE_RECORD = "osfl.client_state"
 WHOAMI_RECORD = "osfl.whoami"
 QUERY_RECORD = "osfl.query"
 
@@ -54,14 +60,27 @@ class Envelope:
     job: str
 
 
+def _bytes_record(data: bytes) -> ArrayRecord:
+    arr = Array(dtype="uint8", shape=(len(data),), stype=PAYLOAD_STYPE, data=bytes(data))
+    return ArrayRecord({PAYLOAD_ARRAY: arr})
+
+
+def _record_bytes(record: ArrayRecord, name: str, client: int | str | None) -> bytes:
+    arr = record.get(PAYLOAD_ARRAY)
+    if arr is None or arr.stype != PAYLOAD_STYPE or arr.dtype != "uint8":
+        raise UploadError(
+            f"record {name!r} must hold a uint8 {PAYLOAD_STYPE} array named {PAYLOAD_ARRAY!r}",
+            client=client,
+            field=PAYLOAD_ARRAY,
+        )
+    return bytes(arr.data)
+
+
 def pack(env: Envelope) -> RecordDict:
     """An :class:`Envelope` as a Flower RecordDict (see the module docstring)."""
-    arr = Array(
-        dtype="uint8", shape=(len(env.payload),), stype=PAYLOAD_STYPE, data=bytes(env.payload)
-    )
     return RecordDict(
         {
-            PAYLOAD_RECORD: ArrayRecord({PAYLOAD_ARRAY: arr}),
+            PAYLOAD_RECORD: _bytes_record(env.payload),
             META_RECORD: ConfigRecord(
                 {"round": int(env.round), "client": int(env.client), "job": str(env.job)}
             ),
@@ -77,14 +96,7 @@ def unpack(content: RecordDict, *, client: int | str | None = None) -> Envelope:
     if arrays is None or meta is None:
         missing = PAYLOAD_RECORD if arrays is None else META_RECORD
         raise UploadError(f"Flower message lacks the {missing!r} record", client=client)
-    arr = arrays.get(PAYLOAD_ARRAY)
-    if arr is None or arr.stype != PAYLOAD_STYPE or arr.dtype != "uint8":
-        raise UploadError(
-            f"record {PAYLOAD_RECORD!r} must hold a uint8 {PAYLOAD_STYPE} array named "
-            f"{PAYLOAD_ARRAY!r}",
-            client=client,
-            field=PAYLOAD_ARRAY,
-        )
+    payload = _record_bytes(arrays, PAYLOAD_RECORD, client)
     for key, kind in (("round", int), ("client", int), ("job", str)):
         value = meta.get(key)
         if not isinstance(value, kind) or isinstance(value, bool):
@@ -92,7 +104,7 @@ def unpack(content: RecordDict, *, client: int | str | None = None) -> Envelope:
                 f"{META_RECORD}.{key} must be a {kind.__name__}", client=client, field=key
             )
     return Envelope(
-        payload=bytes(arr.data),
+        payload=payload,
         round=int(meta["round"]),
         client=int(meta["client"]),
         job=str(meta["job"]),
@@ -133,3 +145,16 @@ def read_whoami(content: RecordDict) -> tuple[int, str]:
     if rec is None or not isinstance(rec.get("partition-id"), int):
         raise UploadError(f"discovery reply lacks {WHOAMI_RECORD}.partition-id")
     return int(rec["partition-id"]), str(rec.get("job", ""))
+
+
+def read_state(state: RecordDict, *, client: int | None = None) -> bytes | None:
+    """The client state a node keeps in its ``Context.state`` (``None`` before
+    its first round)."""
+    record = state.array_records.get(STATE_RECORD)
+    return None if record is None else _record_bytes(record, STATE_RECORD, client)
+
+
+def write_state(state: RecordDict, data: bytes | None) -> None:
+    """Keep ``data`` (a serialised client state) in the node's ``Context.state``."""
+    if data is not None:
+        state[STATE_RECORD] = _bytes_record(data)

@@ -1,43 +1,32 @@
-"""The osfl ServerApp: the simulation's round loop (``runtime/simulation.py``)
-with Flower's ``Grid`` as the transport (Flower Message API,
-``flwr.serverapp``; the loop shape is Flower's own
-``flwr/serverapp/strategy/strategy.py::Strategy.start``).
+"""The osfl ServerApp side: the shared round loop
+(:class:`~osfl.fl.runtime.rounds.RoundLoop`) with Flower's ``Grid`` as the
+transport (Flower Message API, ``flwr.serverapp``).
 
-    job   = build(JobSpec from the run config)        # same as every client
-    nodes = discover()                                # partition-id -> node id
-    state = method.init_state()
-    for r in range(method.rounds):
-        clients = method.sample_clients(r, N, rng)    # rng seeded as in simulation
-        payload = method.broadcast(state, r).to_bytes()
-        replies = grid.send_and_receive(one message per client)
-        uploads = {c: Upload.from_bytes(...) validated against upload_spec}
-        state = method.aggregate(state, uploads, r)   # in client order
-    metrics = evaluate(method.predictor(state))
-
-Only the clients' phase differs from the simulation, so the loop *is* the
-simulation's: :class:`FlowerRounds` subclasses its round engine and replaces
-the phase that calls ``client_update`` in-process by one Flower message per
-client. Client sampling, validation, refusals (logged, client dropped; a round
-with no valid upload is an error), aggregation order, byte accounting,
-evaluation and the result type are therefore the simulation's. A reply that
-is missing (timeout), an error or malformed counts as "sent nothing".
+:class:`FlowerGridRuntime` is the runtime of a Flower deployment: it holds the
+ServerApp's Grid, maps client ids to nodes (:func:`discover_clients`, which
+also checks that every node built the same job) and sends one message per
+client per round (:class:`GridTransport`). Client sampling, validation,
+refusals, aggregation order, byte accounting and evaluation are the loop's,
+hence the simulation's. A reply that is missing (timeout), an error or
+malformed counts as "sent nothing".
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
 from osfl.errors import ConfigError, OsflError, UploadError
+from osfl.fl.context import ClientState
 from osfl.fl.observers import Observer
-from osfl.fl.runtime.flower_job import FlowerJob, JobBuilder, JobSpec, cached_job, job_parts
+from osfl.fl.progress import ProgressTask
+from osfl.fl.runtime.base import Job, RunResult
+from osfl.fl.runtime.client import ClientTurn
 from osfl.fl.runtime.flower_records import (
     MSG_TRAIN,
     MSG_WHOAMI,
@@ -47,32 +36,10 @@ from osfl.fl.runtime.flower_records import (
     unpack,
     whoami_query,
 )
-from osfl.fl.runtime.simulation import SimulationResult, _Simulation
+from osfl.fl.runtime.flower_spec import JobSpec, job_digest, job_parts
+from osfl.fl.runtime.rounds import RoundLoop
 
 log = logging.getLogger(__name__)
-
-#: ``on_result(result, record)``: the run's result and, for experiment jobs,
-#: its ``metrics.json`` record (``None`` for jobs of a custom builder).
-ResultCallback = Callable[[SimulationResult, "dict[str, Any] | None"], None]
-
-_BOUND: ContextVar[tuple[Grid, JobSpec] | None] = ContextVar("osfl_flower_grid", default=None)
-
-
-@contextmanager
-def bind_grid(grid: Grid, spec: JobSpec) -> Iterator[None]:
-    """Make ``grid`` the transport of :func:`osfl.fl.runtime.flower.run_flower`
-    calls in this thread (the experiment runner reaches the runtime by name,
-    ``RUNTIMES["flower"]``, so the ServerApp's Grid travels this way)."""
-    token = _BOUND.set((grid, spec))
-    try:
-        yield
-    finally:
-        _BOUND.reset(token)
-
-
-def bound_grid() -> tuple[Grid, JobSpec] | None:
-    """The ``(grid, spec)`` bound by :func:`bind_grid` in this thread, if any."""
-    return _BOUND.get()
 
 
 def wait_for_nodes(grid: Grid, count: int, timeout: float, poll: float = 0.5) -> list[int]:
@@ -91,7 +58,7 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float, poll: float = 0.5) ->
         time.sleep(poll)
 
 
-def discover_clients(grid: Grid, job: FlowerJob, timeout: float) -> dict[int, int]:
+def discover_clients(grid: Grid, job: Job, digest: str, timeout: float) -> dict[int, int]:
     """Map client id -> node id by asking every node for its ``partition-id``.
 
     The query carries the server's job digest and parts; a node whose own job
@@ -99,7 +66,7 @@ def discover_clients(grid: Grid, job: FlowerJob, timeout: float) -> dict[int, in
     names the differing parts, and the run stops here rather than mid-way.
     """
     nodes = wait_for_nodes(grid, job.num_clients, timeout)
-    query = whoami_query(job.digest, job_parts(job))
+    query = whoami_query(digest, job_parts(job))
     msgs = [Message(query, dst_node_id=n, message_type=MSG_WHOAMI) for n in nodes]
     mapping: dict[int, int] = {}
     problems: list[str] = []
@@ -108,11 +75,9 @@ def discover_clients(grid: Grid, job: FlowerJob, timeout: float) -> dict[int, in
         if reply.has_error():
             problems.append(f"node {node}: {reply.error.reason}")
             continue
-        cid, digest = read_whoami(reply.content)
-        if digest != job.digest:
-            problems.append(
-                f"node {node} (partition-id {cid}) built job {digest}, not {job.digest}"
-            )
+        cid, theirs = read_whoami(reply.content)
+        if theirs != digest:
+            problems.append(f"node {node} (partition-id {cid}) built job {theirs}, not {digest}")
         elif cid in mapping:
             problems.append(f"nodes {mapping[cid]} and {node} both claim partition-id {cid}")
         else:
@@ -129,47 +94,7 @@ def discover_clients(grid: Grid, job: FlowerJob, timeout: float) -> dict[int, in
     return mapping
 
 
-class FlowerRounds(_Simulation):
-    """The simulation's round engine whose clients are Flower nodes."""
-
-    def __init__(
-        self, job: FlowerJob, grid: Grid, nodes: Mapping[int, int], observers: Sequence[Observer]
-    ):
-        super().__init__(
-            job.method, job.run, job.train, job.federation, observers, job.seed, 1, job.evaluator
-        )
-        self.job, self.grid, self.nodes = job, grid, dict(nodes)
-
-    def clients_phase(
-        self, clients: list[int], r: int, payload: bytes, pool: Any, bar: Any
-    ) -> dict[int, tuple[bytes | None, str | None]]:
-        """One train message per client, sent together; replies in client order."""
-        job = self.job
-        msgs = [
-            Message(
-                pack(Envelope(payload, r, c, job.digest)),
-                dst_node_id=self.nodes[c],
-                message_type=MSG_TRAIN,
-                group_id=str(r),
-            )
-            for c in clients
-        ]
-        timeout = job.spec.round_timeout
-        replies = self.grid.send_and_receive(msgs, timeout=timeout)
-        by_node = {m.metadata.src_node_id: m for m in replies}
-        results: dict[int, tuple[bytes | None, str | None]] = {}
-        for c in clients:
-            try:
-                results[c] = (
-                    _reply_payload(by_node.get(self.nodes[c]), c, r, job.digest, timeout),
-                    None,
-                )
-            except UploadError as e:
-                results[c] = (None, str(e))
-        return results
-
-
-def _reply_payload(
+def reply_payload(
     reply: Message | None, client: int, round: int, digest: str, timeout: float
 ) -> bytes:
     """The upload bytes of a client's reply, or an UploadError saying why not."""
@@ -187,68 +112,89 @@ def _reply_payload(
     return env.payload
 
 
-def run_rounds(
-    job: FlowerJob,
-    grid: Grid,
-    nodes: Mapping[int, int],
-    *,
-    observers: Sequence[Observer] = (),
-    threads: int | None = None,
-) -> SimulationResult:
-    """Run ``job`` over ``grid`` whose client ``c`` is node ``nodes[c]``;
-    ``threads`` pins this process's torch threads during the rounds (clients
-    in this process: the loopback grid), as the simulation does."""
-    return FlowerRounds(job, grid, nodes, observers).execute(
-        progress=False, eval_every=job.eval_every, threads=threads
-    )
+class GridTransport:
+    """One train message per client, sent together; replies in client order."""
+
+    def __init__(self, grid: Grid, nodes: Mapping[int, int], digest: str, timeout: float):
+        self.grid, self.nodes, self.digest, self.timeout = grid, dict(nodes), digest, timeout
+
+    def exchange(
+        self, round: int, clients: list[int], payload: bytes, task: ProgressTask
+    ) -> dict[int, ClientTurn]:
+        msgs = [
+            Message(
+                pack(Envelope(payload, round, c, self.digest)),
+                dst_node_id=self.nodes[c],
+                message_type=MSG_TRAIN,
+                group_id=str(round),
+            )
+            for c in clients
+        ]
+        replies = self.grid.send_and_receive(msgs, timeout=self.timeout)
+        by_node = {m.metadata.src_node_id: m for m in replies}
+        turns: dict[int, ClientTurn] = {}
+        for c in clients:
+            reply = by_node.get(self.nodes[c])
+            try:
+                raw = reply_payload(reply, c, round, self.digest, self.timeout)
+                turns[c] = ClientTurn(upload=raw, state=None)
+            except UploadError as e:
+                turns[c] = ClientTurn(upload=None, state=None, failure=str(e))
+            task.advance()
+        return turns
+
+    def client_states(self) -> dict[int, ClientState]:
+        return {}  # each SuperNode keeps its own state in its Context.state
 
 
-def serve_job(
-    grid: Grid,
-    job: FlowerJob,
-    *,
-    observers: Sequence[Observer] = (),
-    threads: int | None = None,
-) -> SimulationResult:
-    """Discover the nodes and run ``job`` over ``grid``."""
-    log.info(
-        "osfl ServerApp: method %s, seed %d, %d clients, job %s",
-        job.method.name,
-        job.seed,
-        job.num_clients,
-        job.digest,
-    )
-    nodes = discover_clients(grid, job, job.spec.node_timeout)
-    return run_rounds(job, grid, nodes, observers=observers, threads=threads)
+class FlowerGridRuntime:
+    """The runtime of a Flower deployment: the clients are the SuperNodes
+    behind ``grid`` (the ServerApp's, or a loopback one). ``threads`` pins this
+    process's torch threads during the rounds (clients in this process)."""
+
+    name = "flower"
+
+    def __init__(
+        self,
+        grid: Grid,
+        *,
+        round_timeout: float = 600.0,
+        node_timeout: float = 120.0,
+        threads: int | None = None,
+    ):
+        self.grid = grid
+        self.round_timeout, self.node_timeout, self.threads = round_timeout, node_timeout, threads
+
+    def execute(
+        self, job: Job, *, observers: Sequence[Observer] = (), digest: str | None = None
+    ) -> RunResult:
+        """Discover the nodes and run ``job`` over them; ``digest`` is the one
+        the nodes must have built (default: this job's)."""
+        job.method.check()
+        digest = digest or job_digest(job)
+        log.info(
+            "osfl ServerApp: method %s, seed %d, %d clients, job %s",
+            job.method.name,
+            job.seed,
+            job.num_clients,
+            digest,
+        )
+        nodes = discover_clients(self.grid, job, digest, self.node_timeout)
+        transport = GridTransport(self.grid, nodes, digest, self.round_timeout)
+        return RoundLoop(job, transport, observers, threads=self.threads).execute()
 
 
-def make_server_app(
-    builder: JobBuilder | None = None,
-    spec: JobSpec | None = None,
-    *,
-    on_result: ResultCallback | None = None,
-    observers: Sequence[Observer] = (),
-) -> ServerApp:
-    """A ServerApp for the job of ``spec`` (default: each run's run config).
+#: The ServerApp's work: ``serve(grid, spec)`` with the spec of the run config.
+Serve = Callable[[Grid, JobSpec], Any]
 
-    With no ``builder`` the job is an osfl experiment config and the server
-    writes a run directory like ``osfl run`` (:func:`~osfl.fl.runtime.
-    flower_experiment.serve_experiment`); with a ``builder`` it runs the
-    built job as is. ``on_result(result, record)`` receives the outcome.
-    """
+
+def make_server_app(serve: Serve, spec: JobSpec | None = None) -> ServerApp:
+    """A ServerApp that calls ``serve(grid, spec)`` (default spec: each run's
+    run config)."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        job_spec = spec or JobSpec.from_run_config(context.run_config)
-        record: dict[str, Any] | None = None
-        if builder is None:
-            from osfl.fl.runtime.flower_experiment import serve_experiment
-
-            result, record, _ = serve_experiment(grid, job_spec, observers=observers)
-        else:
-            result = serve_job(grid, cached_job(builder, job_spec), observers=observers)
-        if on_result is not None:
-            on_result(result, record)
+        serve(grid, spec or JobSpec.from_run_config(context.run_config))
 
     return app

@@ -24,7 +24,6 @@ that they all end in the same feature dimension.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -35,24 +34,18 @@ from torch import nn
 
 from osfl.data.imageset import ImageSet
 from osfl.data.transforms import PIPELINES, Compose, Normalize, Transform, build_transform
-from osfl.errors import ConfigError, UploadError
-from osfl.fl.cache import init_model, train_client
-from osfl.fl.method import (
-    ClientContext,
-    Method,
-    ModelSpec,
-    Predictor,
-    derive_seed,
-    register_method,
-)
-from osfl.fl.training import TrainConfig
-from osfl.fl.upload import Broadcast, TensorSpec, Upload, UploadSpec, validate
+from osfl.errors import ConfigError
+from osfl.fl.client_training import train_client
+from osfl.fl.context import ClientContext, ModelSpec
+from osfl.fl.method import Method, Predictor, register_method
+from osfl.fl.seeds import derive_seed
+from osfl.fl.train_config import TrainConfig
+from osfl.fl.training import init_model
+from osfl.fl.upload import NUM_SAMPLES, Broadcast, TensorSpec, Upload, UploadSpec
 from osfl.methods.clients import average_states, public_fl_hparams, sample_counts
 from osfl.methods.fafi.client import FAFINet, SaltLoss, TwoViews
 from osfl.methods.fafi.fusion import FUSIONS, IFFIPredictor, NoiseSpec, global_prototypes
 from osfl.methods.fafi.losses import DENOMINATORS
-
-log = logging.getLogger(__name__)
 
 PROTOTYPE_KINDS = ("auto", "learned", "head", "class_mean")
 FUSION_CHOICES = (*FUSIONS, "params")
@@ -172,7 +165,7 @@ def find_normalize(transform: Transform) -> Normalize | None:
     if isinstance(transform, Normalize):
         return transform
     found = None
-    for t in getattr(transform, "transforms", ()) if isinstance(transform, Compose) else ():
+    for t in transform.transforms if isinstance(transform, Compose) else ():
         found = find_normalize(t) or found
     return found
 
@@ -351,29 +344,12 @@ class FAFI(Method):
         d = next(iter(state["init"].values()))["prototypes"].shape[1]
         return TensorSpec((self.run.num_classes, d), torch.float32)
 
-    def client_spec(self, state: dict[str, Any], client: int) -> UploadSpec:
-        """Exactly client ``client``'s extractor keys/shapes + its C×D prototypes."""
+    def upload_spec(self, state: dict[str, Any], round: int, client: int) -> UploadSpec:
+        """Exactly client ``client``'s extractor keys/shapes (its own architecture)
+        + its C×D prototypes + ``num_samples``."""
         tensors = {**self._extractor_spec(state, self.arch_of(client))}
         tensors["prototypes"] = self._proto_spec(state)
-        return UploadSpec(tensors=tensors, meta_keys=("num_samples",))
-
-    def upload_spec(self, state: dict[str, Any], round: int) -> UploadSpec:
-        archs = self.archs()
-        if len(archs) == 1:
-            return self.client_spec(state, 0)
-        # Mixed architectures: the union here; each client is checked against its
-        # own architecture in aggregate().
-        optional: dict[str, TensorSpec] = {}
-        for arch in archs:
-            for k, ts in self._extractor_spec(state, arch).items():
-                if k in optional and optional[k] != ts:
-                    ts = TensorSpec(None, None, finite=True)
-                optional[k] = ts
-        return UploadSpec(
-            tensors={"prototypes": self._proto_spec(state)},
-            optional=optional,
-            meta_keys=("num_samples",),
-        )
+        return UploadSpec(tensors=tensors, meta={"num_samples": NUM_SAMPLES})
 
     def aggregate(
         self, state: dict[str, Any], uploads: Mapping[int, Upload], round: int
@@ -381,11 +357,6 @@ class FAFI(Method):
         clients = dict(state["clients"])
         for c, n in sorted(sample_counts(uploads).items()):
             up = uploads[c]
-            try:
-                validate(up, self.client_spec(state, c), client=c)
-            except UploadError as e:
-                log.warning("fafi: upload refused: %s", e)
-                continue
             clients[c] = {
                 "extractor": {
                     k[len(_EXT) :]: v for k, v in up.tensors.items() if k.startswith(_EXT)
@@ -393,8 +364,6 @@ class FAFI(Method):
                 "prototypes": up.tensors["prototypes"],
                 "num_samples": n,
             }
-        if not clients:
-            raise UploadError("fafi: no client upload matched its architecture")
         return {"init": state["init"], "clients": clients}
 
     # --- inference -------------------------------------------------------

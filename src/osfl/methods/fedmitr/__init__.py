@@ -7,7 +7,7 @@ token relabel on the server. See docs/methods/fedmitr.md.
 - :mod:`.method`: Algorithm 1, registered as ``fedmitr``.
 """
 
-from osfl.methods.fedmitr.method import FedMITR, FedMITRConfig, synthetic_batch
+from osfl.methods.fedmitr.method import FedMITR, FedMITRConfig
 from osfl.methods.fedmitr.relabel import (
     LOW_DENSITY_INPUTS,
     VARIANTS,
@@ -46,5 +46,4 @@ __all__ = [
     "pixel_mask",
     "remap_keep_idx",
     "stop_lowest",
-    "synthetic_batch",
 ]

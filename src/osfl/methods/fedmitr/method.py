@@ -34,7 +34,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
 from torch import nn
 
 from osfl.errors import ConfigError
@@ -48,7 +47,7 @@ from osfl.methods.kd.pool import SyntheticPool
 from osfl.methods.kd.teacher import EnsembleTeacher
 from osfl.models.vit import VisionTransformer
 
-__all__ = ["FedMITR", "FedMITRConfig", "synthetic_batch"]
+__all__ = ["FedMITR", "FedMITRConfig"]
 
 log = logging.getLogger(__name__)
 
@@ -141,18 +140,21 @@ class FedMITR(DistillationMethod):
             state["init"] = cpu_state(model)
         return state
 
+    def check(self) -> None:
+        """Sparse inversion and token relabel work on patch tokens: the run's
+        model must be a ViT."""
+        model = self.run.model.build_meta(self.run.num_classes)
+        if not isinstance(model, VisionTransformer):
+            raise ConfigError(
+                f"fedmitr needs a ViT model (model.name: vit_* / deit_*), got "
+                f"{self.run.model.name!r} ({type(model).__name__}); see `osfl list` for the models"
+            )
+
     def server_train(
         self, side: ServerSide, teacher: EnsembleTeacher, student: nn.Module
     ) -> nn.Module:
         cfg = self.config
         members = list(teacher.members)
-        if not isinstance(student, VisionTransformer) or not all(
-            isinstance(m, VisionTransformer) for m in members
-        ):
-            raise ConfigError(
-                "fedmitr needs a ViT model (model.name: vit_* / deit_*), got "
-                f"{type(student).__name__}"
-            )
         inv, schedule = cfg.inversion_config(), cfg.schedule_()
         weights = VARIANTS.get(cfg.variant)(cfg.lambda1, cfg.lambda2)
         loss = TokenRelabelLoss(weights, patch_grid(student), cfg.low_density_input)
@@ -188,13 +190,12 @@ class FedMITR(DistillationMethod):
             return {"kept": kept, "loss": mean_loss, **tr, **values}
 
         self.synthesis_distillation_epochs(side, student, distiller, pool, synthesize, log_values)
-        self.last_pool = pool  # for pictures (Fig. 6) and inspection; not part of the state
+        if len(pool):  # for pictures (Fig. 6) and inspection: Method.artifacts
+            side.artifacts.update(
+                {
+                    "pool_images": pool.images,
+                    "pool_labels": pool.labels,
+                    "pool_keep": pool.extras["keep"],
+                }
+            )
         return student
-
-
-def synthetic_batch(method: FedMITR) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(images, labels, keep masks) of the last run's pool, if any (for figures)."""
-    pool = getattr(method, "last_pool", None)
-    if pool is None or len(pool) == 0:
-        return None
-    return pool.images, pool.labels, pool.extras["keep"]

@@ -31,8 +31,10 @@ from torch import nn
 
 from osfl.data.transforms import Compose, RandomCrop, RandomHorizontalFlip, Transform
 from osfl.errors import ConfigError
-from osfl.fl.method import Predictor, RunContext, derive_seed
+from osfl.fl.context import RunContext
+from osfl.fl.method import Predictor
 from osfl.fl.optim import OPTIMIZERS, SCHEDULES
+from osfl.fl.seeds import derive_seed
 from osfl.fl.upload import Upload
 from osfl.methods.clients import (
     WEIGHTINGS,
@@ -191,6 +193,8 @@ class ServerSide:
     num_samples: list[int]
     timer: PhaseTimer
     meta: dict[int, dict[str, Any]] = field(default_factory=dict)  # each upload's meta
+    # tensors worth keeping after the run (e.g. the synthetic pool), see Method.artifacts
+    artifacts: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def image_shape(self) -> tuple[int, int, int]:
@@ -257,7 +261,12 @@ class DistillationMethod(ClientModelsMethod):
             time.perf_counter() - start,
             ", ".join(f"{k} {v:.1f}s" for k, v in side.timer.seconds.items()),
         )
-        return {**state, "server": cpu_state(student.eval()), "phases": side.timer.as_dict()}
+        return {
+            **state,
+            "server": cpu_state(student.eval()),
+            "phases": side.timer.as_dict(),
+            "artifacts": dict(side.artifacts),
+        }
 
     # --- pieces a subclass may override ---------------------------------------------
     def build_teacher(self, side: ServerSide, models: list[nn.Module]) -> EnsembleTeacher:
@@ -321,7 +330,7 @@ class DistillationMethod(ClientModelsMethod):
         (default: ``kd_loss`` then the synthesis values).
         """
         epochs = self.config.epochs
-        with EpochBar(epochs, self.name, self.run.progress) as bar:
+        with self.run.progress.task(f"{self.name}: server epochs", epochs) as bar:
             for epoch in range(epochs):
                 with side.timer.phase("synthesis"), frozen(student):
                     student.eval()
@@ -334,7 +343,8 @@ class DistillationMethod(ClientModelsMethod):
                     else log_values(stats.mean_loss, values)
                 )
                 epoch_log(self.name, epoch, epochs, pool=len(pool), **logged)
-                bar.advance(f"pool {len(pool)} loss {stats.mean_loss:.3f}")
+                info = f"pool {len(pool)}, loss {stats.mean_loss:.3f}"
+                bar.advance(description=f"{self.name}: server epochs ({info})")
 
     # --- protocol ---------------------------------------------------------------------
     def predictor(self, state: dict[str, Any]) -> Predictor:
@@ -346,6 +356,14 @@ class DistillationMethod(ClientModelsMethod):
         hp = super().public_hparams()
         hp["fl"] = public_fl_hparams(self.name, self.config)
         return hp
+
+    def report(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Seconds (and FLOPs with ``count_flops``) of each server phase."""
+        return {"phases": state["phases"]} if "phases" in state else {}
+
+    def artifacts(self, state: dict[str, Any]) -> dict[str, torch.Tensor]:
+        """What ``server_train`` kept in ``side.artifacts`` (e.g. the synthetic pool)."""
+        return dict(state.get("artifacts", {}))
 
 
 @contextmanager
@@ -362,38 +380,6 @@ def frozen(*modules: nn.Module) -> Iterator[None]:
     finally:
         for p, b in zip(params, before, strict=True):
             p.requires_grad_(b)
-
-
-class EpochBar:
-    """A rich progress bar over server epochs (off when ``enabled`` is False)."""
-
-    def __init__(self, total: int, description: str, enabled: bool):
-        self.total = total
-        self._bar: Any = None
-        if enabled:
-            from rich.progress import Progress
-
-            self._bar = Progress(transient=True)
-            self._task = self._bar.add_task(description, total=total)
-        self.description = description
-
-    def __enter__(self) -> EpochBar:
-        if self._bar is not None:
-            from rich.errors import LiveError
-
-            try:
-                self._bar.start()
-            except LiveError:  # nested inside the runtime's own bar
-                self._bar = None
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._bar is not None:
-            self._bar.stop()
-
-    def advance(self, info: str = "") -> None:
-        if self._bar is not None:
-            self._bar.update(self._task, advance=1, description=f"{self.description} {info}")
 
 
 def epoch_log(name: str, epoch: int, epochs: int, **values: float) -> None:

@@ -31,7 +31,7 @@ from torch import nn
 
 from osfl.errors import ConfigError
 from osfl.fl.optim import build_optimizer, build_schedule
-from osfl.fl.training import TrainConfig
+from osfl.fl.train_config import TrainConfig
 from osfl.methods.kd.pool import PoolBatch, SyntheticPool
 from osfl.methods.kd.priors import kd_kl
 from osfl.methods.kd.teacher import EnsembleTeacher

@@ -9,8 +9,7 @@ with Adam at lr 1e-3 and cosine annealing (the paper's server optimiser;
 its early stopping on a validation split is not implemented: a fixed step
 budget is used instead).
 
-The public data is the run's ``RunContext.public_data`` when the caller set it,
-else the ``public`` option (an osfl data spec, e.g.
+The public data is the ``public`` option (an osfl data spec, e.g.
 ``imagefolder:../shared/data/cifar10``; ``public_split`` picks its train or
 test split, ``public_max_per_class`` subsamples it); it must be disjoint from
 the clients' data — that is the user's responsibility (the paper uses
@@ -31,8 +30,8 @@ from torch import nn
 from osfl.data.imageset import ImageSet
 from osfl.data.loader import BatchIterator
 from osfl.errors import ConfigError, DataError
-from osfl.fl.method import RunContext, register_method
-from osfl.methods.kd.base import DistillationMethod, EpochBar, KDConfig, ServerSide, epoch_log
+from osfl.fl.method import register_method
+from osfl.methods.kd.base import DistillationMethod, KDConfig, ServerSide, epoch_log
 from osfl.methods.kd.distill import Distiller
 from osfl.methods.kd.pool import PoolBatch
 from osfl.methods.kd.teacher import EnsembleTeacher
@@ -42,8 +41,8 @@ log = logging.getLogger(__name__)
 SPLITS = ("train", "test")
 NO_PUBLIC = (
     "feddf needs unlabelled public data on the server: set method.feddf.public to a data spec "
-    "(e.g. imagefolder:<dir>) holding images the clients do not have, or pass "
-    "RunContext.public_data; for a data-free server use dense, coboosting or deepinversion"
+    "(e.g. imagefolder:<dir>) holding images the clients do not have; for a data-free "
+    "server use dense, coboosting or deepinversion"
 )
 
 
@@ -77,9 +76,7 @@ class FedDFConfig(KDConfig):
 
 
 def load_public(cfg: FedDFConfig, side: ServerSide) -> ImageSet:
-    """``run.public_data``, else the ``public`` data spec at the run's image shape."""
-    if side.run.public_data is not None:
-        return side.run.public_data
+    """The ``public`` data spec's images at the run's image shape."""
     if cfg.public is None:
         raise ConfigError(NO_PUBLIC)
     from osfl.data.sources import load_data
@@ -98,9 +95,9 @@ class FedDF(DistillationMethod):
 
     Config: ClassVar[type] = FedDFConfig
 
-    def __init__(self, config: FedDFConfig, run: RunContext):
-        super().__init__(config, run)
-        if run.public_data is None and config.public is None:  # fail before any client trains
+    def check(self) -> None:
+        """FedDF is not data-free: without public data it stops before any client trains."""
+        if self.config.public is None:
             raise ConfigError(NO_PUBLIC)
 
     def server_train(
@@ -134,7 +131,8 @@ class FedDF(DistillationMethod):
         )
         transform = self.run.train_transform
         done, running = 0, 0.0
-        with side.timer.phase("distillation"), EpochBar(steps, self.name, self.run.progress) as bar:
+        bar = self.run.progress.task(f"{self.name}: distillation steps", steps)
+        with side.timer.phase("distillation"), bar:
             while done < steps:
                 for xb, _ in loader:
                     x = transform(xb, side.generator)

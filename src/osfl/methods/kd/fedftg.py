@@ -33,8 +33,7 @@ model = the clients' FedAvg, server BN in train mode while distilling.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -44,12 +43,12 @@ from torch import nn
 
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
-from osfl.fl.method import ClientContext, register_method
+from osfl.fl.context import ClientContext
+from osfl.fl.method import register_method
 from osfl.fl.optim import build_optimizer
-from osfl.fl.upload import Broadcast, Upload, UploadSpec
+from osfl.fl.upload import Broadcast, MetaSpec, Upload, UploadSpec
 from osfl.methods.kd.base import (
     DistillationMethod,
-    EpochBar,
     KDConfig,
     ServerSide,
     epoch_log,
@@ -140,31 +139,12 @@ class FedFTG(DistillationMethod):
         upload.meta["class_counts"] = [int(c) for c in counts[: self.run.num_classes]]
         return upload
 
-    def upload_spec(self, state: dict[str, Any], round: int) -> UploadSpec:
-        spec = super().upload_spec(state, round)
-        return UploadSpec(tensors=spec.tensors, meta_keys=(*spec.meta_keys, "class_counts"))
-
-    def aggregate(
-        self, state: dict[str, Any], uploads: Mapping[int, Upload], round: int
-    ) -> dict[str, Any]:
-        valid = {c: u for c, u in uploads.items() if self._counts_ok(c, u)}
-        return super().aggregate(state, valid, round)
-
-    def _counts_ok(self, client: int, up: Upload) -> bool:
-        counts = up.meta.get("class_counts")
-        ok = (
-            isinstance(counts, list)
-            and len(counts) == self.run.num_classes
-            and all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts)
-            and sum(counts) == up.meta.get("num_samples")
-        )
-        if not ok:
-            log.warning(
-                "client %s: meta.class_counts is not %d counts summing to num_samples; dropped",
-                client,
-                self.run.num_classes,
-            )
-        return ok
+    def upload_spec(self, state: dict[str, Any], round: int, client: int) -> UploadSpec:
+        """The model upload plus ``class_counts``: one non-negative count per
+        class, summing to ``num_samples``."""
+        spec = super().upload_spec(state, round, client)
+        counts = MetaSpec("int_list", low=0, length=self.run.num_classes, sum_of="num_samples")
+        return replace(spec, meta={**spec.meta, "class_counts": counts})
 
     # --- server side ----------------------------------------------------------------
     def build_teacher(self, side: ServerSide, models: list[nn.Module]) -> EnsembleTeacher:
@@ -189,7 +169,7 @@ class FedFTG(DistillationMethod):
         opt_g = torch.optim.Adam(gen.parameters(), lr=cfg.lr_g)
         opt_s = build_optimizer(list(student.parameters()), cfg.distill_config().train_config())
         k = side.num_classes
-        with EpochBar(cfg.epochs, self.name, self.run.progress) as bar:
+        with self.run.progress.task(f"{self.name}: server", cfg.epochs) as bar:
             for it in range(cfg.epochs):
                 y = labels_all[it * bs : (it + 1) * bs].to(side.device)
                 w = alpha[:, y]  # (M, B): α_k^{y_b}
@@ -231,5 +211,6 @@ class FedFTG(DistillationMethod):
                     g_loss=float(loss.detach()),
                     s_loss=float(loss_s.detach()) * k,
                 )
-                bar.advance(f"loss {float(loss_s.detach()):.3f}")
+                loss_info = f"loss {float(loss_s.detach()):.3f}"
+                bar.advance(description=f"{self.name}: server ({loss_info})")
         return student

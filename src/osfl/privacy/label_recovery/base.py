@@ -7,8 +7,10 @@ client's uploaded weights and the public training hyper-parameters of an
 the simulator, as breaching's ``_BaseAttacker.reconstruct(server_payload,
 shared_data)`` does [Geiping et al., NeurIPS 2020]. What each attack reads:
 
-- ``obs.broadcast``: the global state dict θ^(t) (extra, non-model keys such as
-  ``history.*`` are allowed and ignored by the model);
+- ``obs.broadcast``: the global state dict θ^(t) (extra, non-model keys are
+  allowed and ignored by the model);
+- ``obs.history``: the scheme state the server knows of the client
+  (``history.<scheme>.<name>.<param>``; RLU's ``h`` term);
 - ``obs.upload``: the client's local state dict θ_k^(t) after its local steps;
 - ``obs.hparams["train"]``: ``lr``, ``batch_size``, ``steps`` *or* ``epochs``
   (+ ``upload_meta["num_samples"]`` to count steps), ``optimizer``,
@@ -236,13 +238,12 @@ class AttackInputs:
     def history(self, name: str) -> np.ndarray | None:
         """The bias entries of a recorded history tensor ``<name>.<head>.bias``, if present."""
         key = f"{name}.{self.head}.bias"
-        for src in (self.obs.broadcast, self.obs.upload):
-            if key in src:
-                t = src[key]
-                if tuple(t.shape) != (self.num_classes,):
-                    raise self.bad(f"shape {tuple(t.shape)}, expected ({self.num_classes},)", key)
-                return t.detach().double().cpu().numpy()
-        return None
+        t = self.obs.history.get(key)
+        if t is None:
+            return None
+        if tuple(t.shape) != (self.num_classes,):
+            raise self.bad(f"shape {tuple(t.shape)}, expected ({self.num_classes},)", key)
+        return t.detach().double().cpu().numpy()
 
     def aux_outputs(
         self,

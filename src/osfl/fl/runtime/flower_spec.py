@@ -1,15 +1,14 @@
-"""What the Flower ServerApp and every ClientApp build from the run config:
-one method × one seed of an osfl experiment (a :class:`FlowerJob`).
+"""What the Flower ServerApp and every ClientApp agree on: the :class:`JobSpec`
+in Flower's run config, and the digest of the job each side built from it.
 
 Under Flower the server and each client are separate processes (or Ray
 actors); they share no objects, only Flower's *run config*. So the experiment
-travels as a :class:`JobSpec` in the run config and every process builds an
-equal :class:`FlowerJob` from it — same data source, same federation (same
-seed), same model, same training recipe, same method config — exactly as the
-Method docstring asks ("under Flower each process builds an equal one from the
-same config"). :func:`job_digest` hashes what was built; the server puts it in
-every message and a client whose own digest differs refuses to train, so two
-sides started with different configs fail loudly instead of diverging.
+travels as a :class:`JobSpec` and every process builds an equal
+:class:`~osfl.fl.runtime.base.Job` from it — same data source, same
+federation (same seed), same model, same training recipe, same method config.
+:func:`job_digest` hashes what was built; the server puts it in every message
+and a client whose own digest differs refuses to train, so two sides started
+with different configs fail loudly instead of diverging.
 
 Run-config keys (Flower's kebab-case; all optional):
 
@@ -29,22 +28,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import shlex
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, is_dataclass
+from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
-import numpy as np
-
-from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
-from osfl.fl.method import Method, Predictor, RunContext
-
-log = logging.getLogger(__name__)
-
-Evaluator = Callable[[Predictor], Mapping[str, Any]]
+from osfl.fl.cache import transform_key
+from osfl.fl.runtime.base import Job, PartitionedData
 
 
 @dataclass(frozen=True)
@@ -103,47 +95,8 @@ class JobSpec:
         }
 
 
-@dataclass
-class FlowerJob:
-    """Everything one process needs for one method × seed.
-
-    ``evaluator`` scores the final predictor on the test set (and, with
-    ``eval_every > 0``, every ``eval_every`` rounds) on the server. Clients
-    use only ``method``, ``run``, ``train``, ``federation`` and ``seed``.
-    """
-
-    spec: JobSpec
-    method: Method
-    run: RunContext
-    train: ImageSet
-    federation: Any
-    seed: int
-    evaluator: Evaluator | None = None
-    eval_every: int = 0
-    digest: str = ""
-    _subsets: dict[int, ImageSet] = field(default_factory=dict, repr=False)
-
-    def __post_init__(self) -> None:
-        if not self.digest:
-            self.digest = job_digest(self)
-
-    @property
-    def num_clients(self) -> int:
-        return len(self.federation.client_indices)
-
-    def client_data(self, client: int) -> ImageSet:
-        """Client ``client``'s train subset (built once per process)."""
-        if not 0 <= client < self.num_clients:
-            raise ConfigError(
-                f"client id {client} is outside this federation of {self.num_clients} clients; "
-                f"give each SuperNode a partition-id in 0..{self.num_clients - 1}"
-            )
-        if client not in self._subsets:
-            # np.array: a writable copy of the (read-only) federation indices
-            self._subsets[client] = self.train.subset(
-                np.array(self.federation.client_indices[client])
-            )
-        return self._subsets[client]
+#: Builds a process's job from the spec (the osfl experiment builder, or a test's).
+JobBuilder = Callable[[JobSpec], Job]
 
 
 def _plain(obj: Any) -> Any:
@@ -159,28 +112,30 @@ def _plain(obj: Any) -> Any:
     return repr(obj)
 
 
-def job_parts(job: FlowerJob) -> dict[str, Any]:
-    """What makes two processes' jobs equal: the train data's content, the
-    federation, the model, the training recipe, the method and its config,
-    the seed (JSON-able)."""
-    fed = job.federation
-    fed_key = (
-        fed.key() if hasattr(fed, "key") else [list(map(int, ix)) for ix in fed.client_indices]
-    )
-    return {
-        "data": job.train.fingerprint(),
-        "federation": fed_key,
-        "model": _plain(job.run.model.key()),
-        "train": _plain(job.run.train),
-        "method": job.method.name,
-        "method_config": _plain(job.method.config),
-        "defense": _plain(getattr(job.method, "defense", None)),  # privacy.defenses wrapper
+def job_parts(job: Job) -> dict[str, Any]:
+    """What makes two processes' jobs equal (JSON-able): the method, its config
+    and public hyper-parameters (local recipe, FL scheme, any defence wrapper),
+    the model, the task, the seed and — in a rehearsal, where every side holds
+    the same data set and partition — the data's content and the federation."""
+    method, run = job.method, job.run
+    parts: dict[str, Any] = {
+        "method": method.name,
+        "method_config": _plain(method.config),
+        "public_hparams": _plain(method.public_hparams()),
+        "model": _plain(run.model.key()),
+        "train": _plain(run.train),
+        "transforms": [transform_key(run.train_transform), transform_key(run.eval_transform)],
+        "num_classes": int(run.num_classes),
+        "num_clients": int(job.num_clients),
         "seed": int(job.seed),
-        "num_classes": int(job.run.num_classes),
     }
+    if isinstance(job.clients, PartitionedData):
+        parts["data"] = job.clients.train.fingerprint()
+        parts["federation"] = job.clients.federation.key()
+    return parts
 
 
-def job_digest(job: FlowerJob) -> str:
+def job_digest(job: Job) -> str:
     """A short sha256 of :func:`job_parts`."""
     text = json.dumps(job_parts(job), sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -199,29 +154,25 @@ def parts_mismatch(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> str:
     return "; ".join(diffs)
 
 
-JobBuilder = Callable[[JobSpec], FlowerJob]
+class JobCache:
+    """One built job per process: a Ray actor or a SuperNode's ClientApp process
+    answers many messages of one run, and data + federation are built on the
+    first one. Only the latest job is kept; the builder is held (and compared
+    with ``is``) so that a new builder never hits an old entry."""
 
-_cache_lock = threading.Lock()
-_cache: list[tuple[JobBuilder, JobSpec, FlowerJob]] = []
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._entry: tuple[JobBuilder, JobSpec, Job, str] | None = None
+
+    def get(self, builder: JobBuilder, spec: JobSpec) -> tuple[Job, str]:
+        """``(job, digest)`` of ``spec`` built by ``builder`` (once)."""
+        with self._lock:
+            if self._entry is not None and self._entry[0] is builder and self._entry[1] == spec:
+                return self._entry[2], self._entry[3]
+            job = builder(spec)
+            self._entry = (builder, spec, job, job_digest(job))
+            return job, self._entry[3]
 
 
-def cached_job(builder: JobBuilder, spec: JobSpec) -> FlowerJob:
-    """Build the job once per process: a Ray actor or a SuperNode's ClientApp
-    process answers many messages of one run, and data + federation are built
-    on the first one. Only the latest job is kept; the builder itself is held
-    (and compared with ``is``) so that a new builder never hits an old entry."""
-    with _cache_lock:
-        if _cache and _cache[0][0] is builder and _cache[0][1] == spec:
-            return _cache[0][2]
-        job = builder(spec)
-        _cache[:] = [(builder, spec, job)]
-        return job
-
-
-def build_experiment_job(spec: JobSpec) -> FlowerJob:
-    """The default builder: an osfl experiment config (``osfl.config``) built
-    by ``osfl.experiment`` exactly as ``osfl run`` builds it for the
-    simulation runtime, restricted to one method and one seed."""
-    from osfl.fl.runtime import flower_experiment
-
-    return flower_experiment.build_experiment_job(spec)
+#: The process-wide cache the ClientApps of this process share.
+JOBS = JobCache()

@@ -33,8 +33,8 @@ from pathlib import Path
 import tomli_w
 
 from osfl.errors import ConfigError, OsflError
-from osfl.fl.runtime.flower_job import JobSpec
-from osfl.flower_app import write_app
+from osfl.fl.runtime.flower_spec import JobSpec
+from osfl.flower_app.app_dir import write_app
 
 log = logging.getLogger(__name__)
 

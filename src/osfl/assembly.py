@@ -1,0 +1,361 @@
+"""The one place that turns a configuration into working parts.
+
+``config -> data -> federation -> run context -> method (with its wrappers)
+-> job -> runtime``, and a finished run back into its record. ``osfl run``
+(:mod:`osfl.experiment`), the Flower apps (:mod:`osfl.flower_app`) and
+``osfl audit`` all build through here, so a simulation run, a Flower run and
+a later audit of either see equal data, federations, models, transforms and
+methods. Data flows one way (DESIGN.md §3): this module imports the data,
+model, FL-core, method and privacy layers; none of them imports it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from osfl.config import ExperimentConfig, method_config
+from osfl.data.federation import Federation
+from osfl.data.imageset import DataSplits, ImageSet
+from osfl.errors import ConfigError
+from osfl.fl.cache import ClientCache
+from osfl.fl.context import ModelSpec, RunContext
+from osfl.fl.method import METHODS, Method
+from osfl.fl.progress import Progress
+from osfl.fl.runtime.base import Job, PartitionedData, RunResult, Runtime
+from osfl.fl.runtime.flower_loopback import FlowerLoopbackRuntime
+from osfl.fl.runtime.simulation import SimulationRuntime
+from osfl.registry import Registry
+
+#: runtime name -> ``factory(cfg) -> Runtime`` (``runtime:`` in a config).
+RUNTIMES: Registry[Callable[[ExperimentConfig], Runtime]] = Registry("runtime")
+RUNTIMES.add(
+    "simulation", lambda cfg: SimulationRuntime(cfg.parallel_clients, cfg.threads_per_client)
+)
+RUNTIMES.add(
+    "flower", lambda cfg: FlowerLoopbackRuntime(cfg.parallel_clients, cfg.threads_per_client)
+)
+
+
+@RUNTIMES.register("flower_engine")
+def _flower_engine(cfg: ExperimentConfig) -> Runtime:
+    """Flower's simulation engine (Ray actors build their jobs from the config's YAML)."""
+    from osfl.config import to_yaml
+    from osfl.fl.runtime.flower_engine import FlowerEngineRuntime
+    from osfl.fl.runtime.flower_spec import JobSpec
+
+    return FlowerEngineRuntime(job_from_spec, JobSpec(experiment=to_yaml(cfg)))
+
+
+def build_runtime(cfg: ExperimentConfig) -> Runtime:
+    return RUNTIMES.get(cfg.runtime)(cfg)
+
+
+# --------------------------------------------------------------------------- names
+def method_names(cfg: ExperimentConfig) -> list[str]:
+    """``cfg.methods``, or the default-run methods when empty; every name and
+    every per-method override is validated here, before anything runs."""
+    import osfl.methods  # noqa: F401  (registers the methods)
+    from osfl.methods import default_methods
+
+    names = list(cfg.methods) or default_methods()
+    for n in names:
+        METHODS.get(n)  # unknown -> ConfigError listing the valid ones
+    for n, overrides in cfg.method.items():  # bad options fail now, not after hours of training
+        method_config(METHODS.get(n), overrides)
+    return [n.lower() for n in names]
+
+
+def check_names(cfg: ExperimentConfig) -> list[str]:
+    """Validate every registry name of ``cfg`` up front (data source, scheme,
+    model, transforms, runtime, methods and their options, privacy options) so
+    that a typo in the last grid point of a sweep fails before the first one
+    trains. Returns the resolved method names."""
+    from osfl.data.partition import PARTITIONS
+    from osfl.data.sources import DATASETS
+    from osfl.data.transforms import PIPELINES
+    from osfl.models import MODELS
+    from osfl.privacy.audit import parse_audit
+    from osfl.privacy.defenses import defense_config
+
+    DATASETS.get(cfg.data.source.partition(":")[0].strip())
+    PARTITIONS.get(cfg.partition.scheme)
+    MODELS.get(cfg.model.name)
+    PIPELINES.get(cfg.transform.train)
+    PIPELINES.get(cfg.transform.eval)
+    RUNTIMES.get(cfg.runtime)
+    defense_config(cfg.defense)
+    parse_audit(cfg.audit)
+    return method_names(cfg)
+
+
+# --------------------------------------------------------------------------- data
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(name)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but no CUDA GPU is visible; use device=cpu or device=auto")
+    return dev
+
+
+def load_splits(cfg: ExperimentConfig) -> DataSplits:
+    """The train/test ImageSets of ``cfg.data`` (only the options that are set)."""
+    from osfl.data.sources import load_data
+
+    d = cfg.data
+    named = {"image_size": d.image_size, "channels": d.channels, "max_per_class": d.max_per_class}
+    named["cache_dir"] = d.cache_dir
+    opts = {k: v for k, v in named.items() if v is not None} | dict(d.options)
+    return load_data(d.source, **opts)
+
+
+def partition_params(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The scheme's parameters: named fields the scheme does not take are left
+    out (``alpha`` means nothing to ``iid``), explicit ``options`` go as given."""
+    from osfl.data.partition import PARTITIONS
+
+    scheme = PARTITIONS.get(cfg.partition.scheme)
+    accepted = (
+        {f.name for f in dataclasses.fields(scheme)} if dataclasses.is_dataclass(scheme) else set()
+    )
+    params = cfg.partition.params()
+    explicit = set(cfg.partition.options)
+    return {k: v for k, v in params.items() if k in accepted or k in explicit}
+
+
+def build_federation(cfg: ExperimentConfig, train: ImageSet, seed: int) -> Federation:
+    """The clients' split of ``train`` for ``seed`` (``partition.seed`` pins it),
+    cached as JSON under ``cache_dir`` when one is set."""
+    from osfl.data.partition import make_federation
+
+    p = cfg.partition
+    return make_federation(
+        train.labels,
+        p.scheme,
+        p.num_clients,
+        p.seed if p.seed is not None else seed,
+        domains=train.domains,
+        num_classes=train.num_classes,
+        cache_dir=cfg.cache_dir,
+        **partition_params(cfg),
+    )
+
+
+def build_transforms(cfg: ExperimentConfig, train: ImageSet) -> tuple[Any, Any]:
+    """``(train, eval)`` batched transforms, normalised with the train set's
+    channel statistics (what every party computes the same way)."""
+    from osfl.data.transforms import build_transform, channel_stats
+
+    size = train.image_shape[1]
+    mean, std = channel_stats(train)
+    tf = cfg.transform
+    return (
+        build_transform(tf.train, image_size=size, mean=mean, std=std),
+        build_transform(tf.eval, image_size=size, mean=mean, std=std),
+    )
+
+
+def build_run(
+    cfg: ExperimentConfig,
+    splits: DataSplits,
+    federation: Federation,
+    seed: int,
+    progress: Progress | None = None,
+) -> RunContext:
+    """The RunContext every party shares (same on the server and the clients)."""
+    train = splits.train
+    c, h, _ = train.image_shape
+    kwargs = dict(cfg.model.kwargs)
+    kwargs.setdefault("in_chans", c)
+    kwargs.setdefault("img_size", h)
+    train_tf, eval_tf = build_transforms(cfg, train)
+    return RunContext(
+        num_classes=train.num_classes,
+        image_shape=train.image_shape,
+        num_clients=len(federation.client_indices),
+        model=ModelSpec(cfg.model.name, kwargs),
+        train=cfg.train,
+        train_transform=train_tf,
+        eval_transform=eval_tf,
+        seed=seed,
+        device=resolve_device(cfg.device),
+        cache=ClientCache(cfg.cache_dir) if cfg.cache_dir else None,
+        progress=progress or Progress(),
+    )
+
+
+@dataclass
+class SeedContext:
+    """What one seed's runs share: data, federation, run context."""
+
+    splits: DataSplits
+    federation: Federation
+    run: RunContext
+
+
+def seed_context(
+    cfg: ExperimentConfig, splits: DataSplits, seed: int, progress: Progress | None = None
+) -> SeedContext:
+    fed = build_federation(cfg, splits.train, seed)
+    return SeedContext(splits, fed, build_run(cfg, splits, fed, seed, progress))
+
+
+# --------------------------------------------------------------------------- methods
+def build_method(cfg: ExperimentConfig, name: str, run: RunContext) -> Method:
+    """Method ``name`` with its config from ``cfg.method[name]``, wrapped in the
+    config's client-side ``defense`` (clipping + DP noise) when it has one."""
+    from osfl.privacy.defenses import apply_defense
+
+    cls = METHODS.get(name)
+    method = cls(method_config(cls, cfg.method.get(name, {})), run)
+    return apply_defense(method, cfg.defense)
+
+
+def build_evaluator(cfg: ExperimentConfig, ctx: SeedContext) -> Callable[[Any], dict[str, Any]]:
+    """Test accuracy of a predictor (global, per class; per client's label mix
+    with ``eval_local``)."""
+    from osfl.fl.evaluate import evaluate, local_test_accuracy
+
+    def score(predictor: Any) -> dict[str, Any]:
+        test, run = ctx.splits.test, ctx.run
+        res = evaluate(predictor, test, run.eval_transform, run.device).as_dict()
+        if cfg.eval_local:
+            accs = local_test_accuracy(
+                predictor, test, ctx.federation.class_counts, run.eval_transform, run.device
+            )
+            res["local_test_accuracies"] = accs
+            res["local_test_accuracy"] = float(sum(accs) / len(accs))
+        return res
+
+    return score
+
+
+def build_job(cfg: ExperimentConfig, name: str, ctx: SeedContext) -> Job:
+    """Method ``name`` × the seed of ``ctx``, ready for a runtime."""
+    return Job(
+        method=build_method(cfg, name, ctx.run),
+        run=ctx.run,
+        clients=PartitionedData(ctx.splits.train, ctx.federation),
+        seed=ctx.run.seed,
+        evaluator=build_evaluator(cfg, ctx),
+        eval_every=cfg.eval_every,
+    )
+
+
+def build_audit(
+    cfg: ExperimentConfig,
+    job: Job,
+    ctx: SeedContext,
+    root: Path | None,
+    context: Mapping[str, Any],
+) -> Any:
+    """The privacy audit of one run when ``cfg.audit`` lists attacks or
+    ``record`` (an observer to attach, then ``finish()``), else ``None``."""
+    from osfl.privacy.audit import AuditSession, parse_audit
+
+    spec = parse_audit(cfg.audit)
+    if spec is None:
+        return None
+    return AuditSession(spec, job.method, job.run, ctx.splits.test, root=root, context=context)
+
+
+# --------------------------------------------------------------------------- records
+def run_record(
+    cfg: ExperimentConfig,
+    job: Job,
+    result: RunResult,
+    ctx: SeedContext,
+    context: Mapping[str, Any],
+    cache_counts: tuple[int, int] | None,
+) -> dict[str, Any]:
+    """The ``metrics.json`` record of one finished job (schema in
+    ``docs/run-directory.md``); ``cache_counts`` = (hits, misses) of this job."""
+    m = dict(result.metrics)
+    if cfg.defense:
+        m["defense"] = dict(cfg.defense)
+    if "mean_client_accuracy" in m:  # the `local` floor: its accuracy is the clients' mean
+        m["global_test_accuracy"] = m["mean_client_accuracy"]
+    fed = ctx.federation
+    record: dict[str, Any] = {
+        **context,
+        "runtime": cfg.runtime,
+        "method_config": dataclasses.asdict(job.method.config),
+        "rounds": len(result.rounds),
+        **m,
+        "bytes_up": result.bytes_up,
+        "bytes_down": result.bytes_down,
+        "time_s": {k: round(v, 4) for k, v in result.time_s.items()},
+        "partition": {
+            "key": fed.key(),
+            "scheme": fed.scheme,
+            "params": dict(fed.params),
+            "seed": fed.seed,
+            "num_clients": len(fed.client_indices),
+        },
+        "cache": {
+            "hits": cache_counts[0] if cache_counts else None,
+            "misses": cache_counts[1] if cache_counts else None,
+        },
+        "refused": [list(x) for x in result.refused],
+        "curve": [
+            {"round": r.round, "accuracy": r.metrics["global_test_accuracy"]}
+            for r in result.rounds
+            if "global_test_accuracy" in r.metrics
+        ],
+    }
+    extras = job.method.report(result.state)
+    if extras:
+        record["server"] = extras
+    return record
+
+
+# --------------------------------------------------------------------------- Flower
+def load_experiment(spec: Any) -> tuple[ExperimentConfig, str, int]:
+    """``(config, method name, seed)`` of a Flower :class:`~osfl.fl.runtime.
+    flower_spec.JobSpec`.
+
+    ``spec.experiment`` is a YAML file path, YAML text (it holds a newline or
+    a ``key: value``), or ``""`` for the embedded default experiment.
+    """
+    from osfl.config import load_config, load_config_text
+
+    text = spec.experiment.strip()
+    overrides = list(spec.overrides)
+    if not text:
+        cfg = load_config(None, overrides)
+    elif "\n" not in text and _is_file(text):
+        cfg = load_config(text, overrides)
+    elif "\n" in text or ": " in text:
+        cfg = load_config_text(text, overrides)
+    else:
+        raise ConfigError(
+            f"run config 'experiment' = {text!r} is neither an existing YAML file nor YAML "
+            "text; give an absolute path readable by the SuperLink and every SuperNode"
+        )
+    methods = method_names(cfg)
+    name = (spec.method or methods[0]).lower()
+    METHODS.get(name)  # unknown -> ConfigError listing the valid ones
+    seed = int(cfg.seeds[0] if spec.seed is None else spec.seed)
+    return cfg, name, seed
+
+
+def _is_file(text: str) -> bool:
+    try:
+        return Path(text).is_file()
+    except OSError:  # e.g. a name too long to be a path
+        return False
+
+
+def job_from_spec(spec: Any) -> Job:
+    """The job of a Flower :class:`~osfl.fl.runtime.flower_spec.JobSpec`, built
+    exactly as ``osfl run`` builds one method × seed (every SuperNode and the
+    ServerApp call this and so hold equal jobs)."""
+    cfg, name, seed = load_experiment(spec)
+    ctx = seed_context(cfg, load_splits(cfg), seed)
+    return build_job(cfg, name, ctx)

@@ -1,0 +1,147 @@
+"""Cached client training: :func:`train_client` trains one client's model
+through the run's content-keyed :class:`~osfl.fl.cache.ClientCache`.
+
+Local training is the expensive part of one-shot FL that every method shares
+(DESIGN.md §2, §7): one-shot FedAvg, Ensemble, FedDF, DENSE, Co-Boosting,
+DeepInversion/ADI and FedMITR all start from the same trained clients, so a
+comparison of ten methods trains each client once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from osfl.fl.cache import state_hash, transform_key
+from osfl.fl.objectives import ObjectiveTerm
+from osfl.fl.train_config import TrainConfig
+from osfl.fl.training import (
+    LossFn,
+    OnBatch,
+    TrainStats,
+    init_model,
+    replay_step_labels,
+    train_local,
+)
+
+if TYPE_CHECKING:
+    from osfl.data.imageset import ImageSet
+    from osfl.data.transforms import Transform
+    from osfl.fl.context import ClientContext
+
+__all__ = ["train_client"]
+
+log = logging.getLogger(__name__)
+
+
+def train_client(
+    ctx: ClientContext,
+    data: ImageSet,
+    *,
+    model: nn.Module | None = None,
+    cfg: TrainConfig | None = None,
+    transform: Transform | None = None,
+    terms: Sequence[ObjectiveTerm] = (),
+    loss_fn: LossFn | None = None,
+    objective: str = "ce",
+    extra_key: Any = None,
+    on_batch: OnBatch | None = None,
+) -> nn.Module:
+    """Train one client's model, through ``ctx.run.cache`` when it is set.
+
+    Defaults come from the run: the model is :func:`init_model` (the common
+    initial weights), the recipe ``ctx.run.train``, the augmentation
+    ``ctx.run.train_transform``; the batch order and augmentations are seeded
+    from ``ctx.seed_for("local-train")``. The cache key holds the data
+    fingerprint, the model spec, the initial weights (their hash when ``model``
+    is given, e.g. a broadcast global model), the config, the transform, the run
+    seed, the client id, ``objective`` (name your ``loss_fn``), the terms'
+    keys and ``extra_key``, but *not* the round: one-shot methods that all
+    train in round 0 share the entry. ``on_batch`` must see real steps, so it
+    bypasses the cache. The labels of every local step are stored with the
+    entry, and a hit hands them to an active
+    :func:`~osfl.fl.training.record_step_labels` block as if it had trained.
+    Returns the model on ``ctx.device`` in eval mode.
+    """
+    run = ctx.run
+    cfg = cfg if cfg is not None else run.train
+    transform = transform if transform is not None else run.train_transform
+    given = model is not None
+    if model is None:
+        model = init_model(run)
+    model.to(ctx.device)
+
+    step_labels: list[torch.Tensor] = []
+
+    def fit(collect: OnBatch | None = on_batch) -> TrainStats:
+        gen = torch.Generator().manual_seed(ctx.seed_for("local-train"))
+        stats = train_local(
+            model,
+            data,
+            cfg,
+            transform=transform,
+            device=ctx.device,
+            generator=gen,
+            terms=terms,
+            loss_fn=loss_fn,
+            progress=run.progress,
+            description=f"client {ctx.client_id}: local training",
+            on_batch=collect,
+        )
+        log.info(
+            "client %d: %d steps, loss %.4f, %.1fs",
+            ctx.client_id,
+            stats.steps,
+            stats.mean_loss,
+            stats.seconds,
+        )
+        return stats
+
+    if run.cache is None or on_batch is not None:
+        fit()
+        return model.eval()
+
+    parts = {
+        "kind": "client-train",
+        "data": data.fingerprint(),
+        "model": run.model.key(),
+        "num_classes": run.num_classes,
+        "init": state_hash(model.state_dict()) if given else "run-init",
+        "train": asdict(cfg),
+        "transform": transform_key(transform),
+        "seed": run.seed,
+        "client": ctx.client_id,
+        "objective": objective,
+        "terms": [t.key() for t in terms],
+        "extra": extra_key,
+    }
+    cache = run.cache
+    key = cache.key(**parts)
+    state = cache.get(key)
+    if state is not None:
+        model.load_state_dict(state)
+        log.info("client %d: trained weights from the cache (%s)", ctx.client_id, key[:12])
+        _replay_step_labels(cache.aux(key))
+        return model.eval()
+    stats = fit(lambda step, x, y: step_labels.append(y.detach()))
+    aux = None
+    if step_labels:  # so that a later hit can still report what each local step used
+        aux = {
+            "step_labels": torch.cat(step_labels).to("cpu", torch.int64),
+            "step_sizes": torch.tensor([len(y) for y in step_labels], dtype=torch.int64),
+        }
+    cache.put(key, model.state_dict(), {"parts": parts, "stats": stats.as_dict()}, aux)
+    return model.eval()
+
+
+def _replay_step_labels(aux: Mapping[str, torch.Tensor] | None) -> None:
+    """Feed a cache hit's stored step labels to an active ``record_step_labels`` block."""
+    if aux is None or "step_labels" not in aux:
+        return
+    sizes = [int(n) for n in aux["step_sizes"]]
+    replay_step_labels(list(torch.split(aux["step_labels"], sizes)))
