@@ -1,9 +1,12 @@
-"""Collect FedMITR reproduction runs into Markdown tables (REPRODUCTION.md).
+"""Collect reproduction runs into Markdown tables (REPRODUCTION.md: FedMITR, FAFI).
 
 Reads the ``metrics.json`` of one or more run directories written by
-``osfl run configs/fedmitr_*_cpu.yaml`` and prints accuracy per (partition,
-method), with the server's synthesis / distillation seconds and FLOPs (the
-``server.phases`` that data-free KD methods record).
+``osfl run configs/fedmitr_*.yaml`` (or ``fafi_*``) and prints accuracy
+(mean ± sample std over seeds) per (partition, method), with the server's
+synthesis / distillation seconds and FLOPs (the ``server.phases`` that
+data-free KD methods record). A method run under a swept method option (e.g.
+``method.fedmitr={cls_filter: teacher}``) is its own column, labelled by the
+options that differ from the method's defaults.
 
     python benchmarks/fedmitr_table.py RUN_DIR [RUN_DIR ...]
 """
@@ -15,7 +18,31 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-ORDER = ["fedavg", "fedftg", "dense", "coboosting", "adi", "deepinversion", "fedmitr", "ensemble"]
+ORDER = [
+    "local",
+    "fedavg",
+    "fedftg",
+    "dense",
+    "coboosting",
+    "adi",
+    "deepinversion",
+    "fedmitr",
+    "fafi",
+    "fafi_code",
+    "ensemble",
+]
+#: options whose non-default value names a column (option -> default)
+LABELLED = {
+    "variant": "fedmitr",
+    "cls_filter": "none",
+    "mask_ratio": 0.3,
+    "lambda1": 0.5,
+    "kept_count": "remaining",
+    "stopped_pixels": "frozen",
+    "crop_scale": [0.2, 1.0],
+    "proto_init_std": 1.0,
+    "proto_update": "all",
+}
 
 
 def point_of(rec: dict) -> str:
@@ -28,8 +55,18 @@ def point_of(rec: dict) -> str:
 
 def method_of(rec: dict) -> str:
     name = rec["method"]
-    variant = rec.get("method_config", {}).get("variant")
-    return f"{name}[{variant}]" if variant and variant != "fedmitr" else name
+    cfg = rec.get("method_config", {})
+    tags = [
+        str(cfg[k]) if k == "variant" else f"{k}={cfg[k]}"
+        for k, default in LABELLED.items()
+        if k in cfg and cfg[k] != default and not (isinstance(cfg[k], list) and cfg[k] == default)
+    ]
+    return f"{name}[{', '.join(tags)}]" if tags else name
+
+
+def _rank(method: str) -> tuple[int, str]:
+    base = method.split("[")[0]
+    return (ORDER.index(base) if base in ORDER else len(ORDER), method)
 
 
 def mean_std(values: list[float]) -> str:
@@ -55,7 +92,7 @@ def main(dirs: list[str]) -> None:
             if server.get("flops"):
                 phases[method_of(rec)] = server
     points = sorted({p for p, _ in acc})
-    methods = sorted({m for _, m in acc}, key=lambda m: (ORDER.index(m.split("[")[0]), m))
+    methods = sorted({m for _, m in acc}, key=_rank)
     print("| partition | " + " | ".join(methods) + " |")
     print("|---" * (len(methods) + 1) + "|")
     for p in points:
@@ -69,7 +106,7 @@ def main(dirs: list[str]) -> None:
             "\n| method | synthesis s | synthesis GFLOPs | distillation s | distillation GFLOPs |"
         )
         print("|---|---|---|---|---|")
-        for m, ph in sorted(phases.items(), key=lambda kv: ORDER.index(kv[0].split("[")[0])):
+        for m, ph in sorted(phases.items(), key=lambda kv: _rank(kv[0])):
             s, f = ph["seconds"], ph.get("flops", {})
             print(
                 f"| {m} | {s.get('synthesis', 0):.1f} | {f.get('synthesis', 0) / 1e9:.1f} | "

@@ -127,7 +127,8 @@ def test_put_get_roundtrip(tmp_path) -> None:
     assert set(got) == set(state)
     for k, v in state.items():
         assert got[k].dtype == v.dtype and torch.equal(got[k], v)
-    assert cache.meta(key) == {"parts": {"x": 1}}
+    meta = cache.meta(key)
+    assert meta["parts"] == {"x": 1} and len(meta["sha256"]["weights"]) == 64
     assert json.loads((tmp_path / "c" / f"{key}.json").read_text())["parts"] == {"x": 1}
     assert len(cache) == 1
     assert not list((tmp_path / "c").glob("*.tmp"))  # atomic writes leave no temporaries
@@ -157,7 +158,52 @@ def test_corrupt_entry_is_a_miss(tmp_path, caplog: pytest.LogCaptureFixture) -> 
     (tmp_path / f"{key}.safetensors").write_bytes(b"not a safetensors file")
     with caplog.at_level(logging.WARNING):
         assert cache.get(key) is None
-    assert "unreadable" in caplog.text
+    assert "unusable" in caplog.text
+
+
+def test_weights_changed_after_writing_are_a_warned_miss(tmp_path, caplog) -> None:
+    """Negated weights still parse: only the sidecar's sha256 tells them apart."""
+    from safetensors.torch import save_file
+
+    cache = ClientCache(tmp_path)
+    key = cache.key(x=1)
+    cache.put(key, {"w": torch.ones(3)}, {"parts": {"x": 1}}, aux={"a": torch.arange(2)})
+    save_file({"w": -torch.ones(3)}, str(tmp_path / f"{key}.safetensors"))
+    with caplog.at_level(logging.WARNING):
+        assert cache.get(key) is None
+    assert "sha256 mismatch" in caplog.text and cache.misses == 1
+    save_file({"a": torch.zeros(2, dtype=torch.int64)}, str(tmp_path / f"{key}.aux.safetensors"))
+    assert cache.aux(key) is None
+    (tmp_path / f"{key}.json").write_text("{not json")  # a damaged sidecar: a miss too
+    cache.put(cache.key(x=2), {"w": torch.ones(3)})
+    assert cache.get(key) is None and cache.get(cache.key(x=2)) is not None
+
+
+def test_an_entry_that_does_not_fit_the_model_is_a_miss(tmp_path, caplog) -> None:
+    cache = ClientCache(tmp_path)
+    key = cache.key(x=1)
+    cache.put(key, {"w": torch.ones(3)})
+    with caplog.at_level(logging.WARNING):
+        assert cache.get(key, like={"v": torch.ones(3)}) is None
+        assert cache.get(key, like={"w": torch.ones(4)}) is None
+        assert cache.get(key, like={"w": torch.ones(3, dtype=torch.float64)}) is None
+    assert caplog.text.count("does not fit the model") == 3
+    assert cache.get(key, like={"w": torch.zeros(3)}) is not None
+
+
+def test_train_client_retrains_over_a_tampered_entry(tmp_path, count_training) -> None:
+    from safetensors.torch import load_file, save_file
+
+    run = make_run(ClientCache(tmp_path))
+    data = make_data()
+    good = weights(train_client(ctx_of(run), data))
+    (key,) = _keys(tmp_path)
+    path = tmp_path / f"{key}.safetensors"
+    save_file({k: -v for k, v in load_file(str(path)).items()}, str(path))
+    again = weights(train_client(ctx_of(run), data))
+    assert len(count_training) == 2  # retrained, not the negated weights
+    assert all(torch.equal(again[k], v) for k, v in good.items())
+    assert ClientCache(tmp_path).get(key) is not None  # and the entry was overwritten
 
 
 def test_clear_removes_only_cache_files(tmp_path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -250,3 +251,37 @@ def test_overrides_may_follow_options(tmp_path) -> None:
     with pytest.raises(SystemExit) as info:
         main(["run", "--no-progress", "--bogus-flag"])
     assert info.value.code == 2
+
+
+def test_list_method_prints_its_full_option_tree(capsys) -> None:
+    assert main(["list", "--method", "dense"]) == 0
+    out = capsys.readouterr().out
+    assert "method.dense.<key>=<value>" in out
+    for line in ("distill:", "  lr: 0.005", "  temperature: 20.0", "generator:", "  steps: 30"):
+        assert line in out, line
+
+
+def test_incompatible_method_fails_before_training_and_makes_no_run_dir(tmp_path, capsys) -> None:
+    out = tmp_path / "run"
+    line = error_line(capsys, ["run", *tiny(tmp_path), "methods=[fedmitr]", "--out", str(out)])
+    assert "fedmitr needs a ViT model" in line and "cnn_small" in line
+    assert not out.exists()
+    assert not list((tmp_path / "cache").glob("*.safetensors"))  # no client trained
+
+
+def test_run_caches_its_federations(tmp_path) -> None:
+    assert main(["run", *tiny(tmp_path), "methods=[fedavg]", "--out", str(tmp_path / "r")]) == 0
+    (saved,) = (tmp_path / "cache").glob("federation-*.json")
+    fed = Federation.load_json(saved)
+    assert fed.scheme == "dirichlet" and len(fed.client_indices) == 2
+
+
+def test_progress_board_is_live_only_on_a_terminal() -> None:
+    from rich.console import Console
+
+    from osfl.cli import _progress_board
+    from osfl.fl.progress import RichProgress
+
+    assert isinstance(_progress_board(Console(force_terminal=True), True), RichProgress)
+    assert not _progress_board(Console(force_terminal=True), False).enabled  # --no-progress
+    assert not _progress_board(Console(file=io.StringIO()), True).enabled  # piped

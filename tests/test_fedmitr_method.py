@@ -47,8 +47,13 @@ def make(setup, name: str, **options: object):
 def test_fedmitr_on_digits_beats_chance_and_fedavg(setup) -> None:
     _, splits, fed = setup
     accs = {}
-    opts = dict(epochs=4, synthesis_batch_size=32, batch_size=32, iterations=20, inv_lr=0.1)
-    for name, kw in (("fedavg", {}), ("fedmitr", {**opts, "optimizer": "adam", "lr": 1e-3})):
+    opts = {
+        "epochs": 4,
+        "synthesis_batch_size": 32,
+        "inversion": {"iterations": 20, "lr": 0.1},
+        "distill": {"batch_size": 32, "optimizer": "adam", "lr": 1e-3},
+    }
+    for name, kw in (("fedavg", {}), ("fedmitr", opts)):
         method, ctx = make(setup, name, **kw)
         res = run_simulation(method, ctx, splits.train, fed)
         accs[name] = evaluate(res.predictor, splits.test, ctx.eval_transform, "cpu").accuracy
@@ -64,15 +69,11 @@ def test_fedmitr_on_digits_beats_chance_and_fedavg(setup) -> None:
 def test_fedmitr_config_checks() -> None:
     cls = METHODS.get("fedmitr")
     cfg = method_config(cls, {})
-    assert (cfg.iterations, cfg.inv_lr, cfg.beta1, cfg.beta2) == (100, 1e-3, 0.5, 0.99)
-    assert (cfg.tv_l2_weight, cfg.mask_ratio, cfg.lambda1, cfg.lambda2) == (1e-4, 0.3, 0.5, 0.5)
-    assert (cfg.synthesis_batch_size, cfg.lr, cfg.momentum, cfg.weight_decay) == (
-        64,
-        1e-3,
-        0.9,
-        1e-4,
-    )
-    assert cfg.js_weight == 1.0 and cfg.optimizer == "sgdm"
+    inv, d = cfg.inversion, cfg.distill
+    assert (inv.iterations, inv.lr, inv.beta1, inv.beta2) == (100, 1e-3, 0.5, 0.99)
+    assert (inv.tv_l2_weight, cfg.mask_ratio, cfg.lambda1, cfg.lambda2) == (1e-4, 0.3, 0.5, 0.5)
+    assert (cfg.synthesis_batch_size, d.lr, d.momentum, d.weight_decay) == (64, 1e-3, 0.9, 1e-4)
+    assert inv.js_weight == 1.0 and inv.keep == "last" and d.optimizer == "sgdm"
     assert method_config(cls, {"stop_at": [0.25, 0.5]}).stop_at == (0.25, 0.5)
     for bad in (
         {"augment": "crop_flip"},
@@ -80,6 +81,10 @@ def test_fedmitr_config_checks() -> None:
         {"low_density_input": "x"},
         {"mask_ratio": 1.5},
         {"lambda1": -1.0},
+        {"inversion": {"bn_weight": 1.0}},
+        {"jitter_per_patch": -0.5},
+        {"kept_count": "most"},
+        {"stopped_pixels": "thawed"},
     ):
         with pytest.raises(ConfigError):
             method_config(cls, bad)

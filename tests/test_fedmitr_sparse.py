@@ -139,8 +139,10 @@ def test_stopped_patches_are_frozen_and_leave_the_forward() -> None:
     # stopped pixels keep exactly the value they had when they stopped (after iteration 0)
     torch.testing.assert_close(two.images[stopped], one.images[stopped], rtol=0, atol=0)
     assert not torch.equal(two.images[~stopped], one.images[~stopped])
-    with pytest.raises(ConfigError, match="keep='last'"):
-        invert_sparse(m, labels, (3, 8, 8), InversionConfig(iterations=2), sched)
+    with pytest.raises(ConfigError, match="stopped_pixels"):
+        invert_sparse(
+            m, labels, (3, 8, 8), InversionConfig(iterations=2), sched, stopped_pixels="x"
+        )
 
 
 def _pool_batch(keep_count: int = 6) -> PoolBatch:
@@ -183,6 +185,9 @@ def test_token_relabel_loss_matches_eq8_by_hand() -> None:
 def test_variants_are_the_paper_ablations() -> None:
     assert VARIANTS.get("fedmitr")(0.5, 0.25) == RelabelWeights(1.0, 0.5, 0.25, 0.0)
     assert VARIANTS.get("inversion_kd")(0.5, 0.5) == RelabelWeights(1.0, 0.0, 0.0, 0.0)
+    # Table III's "Inversion + KD" = Table I's DeepInversion column: dense inversion
+    assert not VARIANTS.get("inversion_kd").sparse
+    assert all(VARIANTS.get(v).sparse for v in ("fedmitr", "inversion_pl", "no_cls", "no_kl"))
     assert VARIANTS.get("inversion_pl")(0.5, 0.5) == RelabelWeights(0.0, 0.0, 0.0, 1.0)
     assert VARIANTS.get("no_cls")(0.5, 0.5).cls == 0.0
     assert VARIANTS.get("no_kl")(0.5, 0.5).kl == 0.0

@@ -19,7 +19,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from osfl.data.imageset import ImageSet
-from osfl.errors import ConfigError, OsflError, UploadError
+from osfl.errors import ConfigError, UploadError
 from osfl.fl.context import ClientContext, ModelSpec, RunContext
 from osfl.fl.method import Method, Predictor, sample_fraction
 from osfl.fl.progress import ProgressTask
@@ -262,10 +262,13 @@ def test_discovery_maps_partition_ids_to_nodes() -> None:
     assert sorted(nodes) == [0, 1, 2] and sorted(nodes.values()) == sorted(grid.get_node_ids())
 
 
-def test_discovery_fails_clearly_when_nodes_are_missing() -> None:
+def test_discovery_goes_on_with_the_nodes_that_connected() -> None:
+    """A site that never starts is a dropout: with ``server.min_clients`` (1)
+    met, the run maps the nodes that did connect and client 2 has none."""
     job = toy_job()
-    with loopback_identity(), pytest.raises(OsflError, match="only 2 of 3 SuperNodes connected"):
-        discover_clients(_grid(job, 2), job, job_digest(job), timeout=0.2)
+    with loopback_identity():
+        nodes = discover_clients(_grid(job, 2), job, job_digest(job), timeout=0.2)
+    assert sorted(nodes) == [0, 1]
 
 
 def test_discovery_names_the_part_that_differs() -> None:
@@ -362,7 +365,7 @@ def test_server_refuses_replies_for_another_client_round_or_job() -> None:
         grid = Forging(wrong)
         with loopback_identity():
             nodes = discover_clients(grid, job, digest, timeout=5)
-            turns = GridTransport(grid, nodes, digest, 5).exchange(0, [0], payload, _Counting())
+            turns = GridTransport(grid, nodes, digest, 5, 10).exchange(0, [0], payload, _Counting())
         assert turns[0].upload is None and words in (turns[0].failure or ""), wrong
 
 
@@ -382,7 +385,7 @@ def test_server_counts_a_missing_reply_as_a_timeout() -> None:
     with loopback_identity():
         nodes = discover_clients(grid, job, digest, timeout=5)
         task = _Counting()
-        turns = GridTransport(grid, nodes, digest, 7).exchange(0, [0, 1], payload, task)
+        turns = GridTransport(grid, nodes, digest, 7, 10).exchange(0, [0, 1], payload, task)
     assert all(t.upload is None and "no reply within 7 s" in (t.failure or "") for t in turns.values())
     assert task.n == 2
 
@@ -481,7 +484,7 @@ def test_load_experiment_reads_yaml_text_and_refuses_missing_files(tmp_path: Pat
 def test_written_app_is_a_valid_flower_app(tmp_path: Path) -> None:
     from flwr.cli.config_utils import load_and_validate
 
-    from osfl.flower_app import main
+    from osfl.flower_app.app_dir import main
 
     assert main([str(tmp_path / "app"), "--method", "ensemble", "--seed", "2"]) == 0
     config, _ = load_and_validate(tmp_path / "app" / "pyproject.toml", check_module=True)

@@ -79,8 +79,8 @@ def test_distiller_fits_the_teacher_on_the_pool() -> None:
     student = nn.Sequential(nn.Flatten(), nn.Linear(4, 3))
     pool = SyntheticPool()
     pool.add(torch.randn(64, 1, 2, 2), random_labels(64, 3))
-    cfg = DistillConfig(batch_size=16, optimizer="adam", lr=0.05, epochs=20, schedule="cosine")
-    d = Distiller(student, teacher, cfg, generator=torch.Generator().manual_seed(0))
+    cfg = DistillConfig(batch_size=16, optimizer="adam", lr=0.05, schedule="cosine")
+    d = Distiller(student, teacher, cfg, epochs=20, generator=torch.Generator().manual_seed(0))
     first = d.fit_pool(pool)
     assert first.steps == 4 and first.samples == 64  # one pass over the pool
     for _ in range(19):

@@ -68,7 +68,7 @@ class _Boom:
 
 def test_garbage_and_pickles_are_refused_not_unpickled(capsys) -> None:
     for data in (b"", b"garbage-bytes", pickle.dumps({"a": 1}), pickle.dumps(_Boom())):
-        with pytest.raises(UploadError, match=r"\[client 4\]"):
+        with pytest.raises(UploadError, match=r"\[client 4, field '\*'\]"):
             Upload.from_bytes(data, client=4)
     assert "unpickled" not in capsys.readouterr().out
 
@@ -91,7 +91,6 @@ def test_validate_accepts_a_matching_upload() -> None:
             "w",
             "NaN or Inf",
         ),
-        (_upload(), UploadSpec({"w": TensorSpec()}, max_bytes=10, meta=_N), "*", "exceeds"),
         (
             _upload(),
             UploadSpec({"w": TensorSpec()}, meta={"num_samples": NUM_SAMPLES, "c": MetaSpec()}),
@@ -170,3 +169,49 @@ def test_typed_metadata_is_checked_by_kind_range_length_and_sum(meta, field, wor
 
 def test_typed_metadata_accepts_a_consistent_upload() -> None:
     validate(Upload({"w": torch.zeros(2)}, {"num_samples": 7, "counts": [3, 4, 0]}), _meta_spec())
+
+
+def test_size_is_checked_on_the_raw_bytes_before_parsing() -> None:
+    from osfl.fl.upload import META_ALLOWANCE, receive, size_limit
+
+    spec = UploadSpec({"w": TensorSpec((3, 4), torch.float32)}, meta=_N)
+    assert size_limit(spec) == 12 * 4 + len(b"w") + 128 + META_ALLOWANCE
+    raw = _upload().to_bytes()
+    assert receive(raw, spec, client=1).meta == {"num_samples": 7}
+    with pytest.raises(UploadError, match="exceeds the limit of 10") as info:
+        receive(raw, spec, client=1, limit=10)
+    assert info.value.field == "*" and info.value.client == 1
+    # junk metadata far beyond the allowance is refused before it is parsed
+    junk = Upload(_upload().tensors, {"num_samples": 7, "pad": "x" * (2 * META_ALLOWANCE)})
+    with pytest.raises(UploadError, match="exceeds the limit"):
+        receive(junk.to_bytes(), spec, client=2)
+    assert size_limit(UploadSpec({"w": TensorSpec((None, 4), torch.float32)})) is None  # open
+
+
+def test_value_ranges_refuse_a_negative_batchnorm_variance() -> None:
+    state = {"bn.running_var": torch.ones(3), "bn.weight": torch.ones(3)}
+    spec = spec_from_state_dict(state)
+    validate(Upload(dict(state)), spec)
+    bad = {**state, "bn.running_var": torch.tensor([1.0, -1e6, 1.0])}
+    with pytest.raises(UploadError, match=r"below 0\.0") as info:
+        validate(Upload(bad), spec, client=3)
+    assert info.value.field == "bn.running_var"
+    validate(Upload({**state, "bn.weight": -torch.ones(3)}), spec)  # weights may be negative
+
+
+def test_a_dimension_may_name_a_metadata_value() -> None:
+    spec = UploadSpec(
+        optional={f"x.{c}": TensorSpec((("counts", c), 2), torch.float32) for c in range(3)},
+        tensors={"all": TensorSpec(("num_samples", 2), torch.float32)},
+        meta={"num_samples": NUM_SAMPLES, "counts": MetaSpec("int_list", low=0, length=3)},
+    )
+    meta = {"num_samples": 5, "counts": [2, 0, 3]}
+    good = {"all": torch.zeros(5, 2), "x.0": torch.zeros(2, 2), "x.2": torch.zeros(3, 2)}
+    validate(Upload(good, meta), spec)
+    for name, wrong in [("x.2", torch.zeros(4, 2)), ("all", torch.zeros(4, 2))]:
+        with pytest.raises(UploadError, match="shape") as info:
+            validate(Upload({**good, name: wrong}, meta), spec, client=1)
+        assert info.value.field == name
+    from osfl.fl.upload import size_limit
+
+    assert size_limit(spec) is None  # sized by metadata: no bound known before parsing

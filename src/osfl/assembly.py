@@ -12,6 +12,7 @@ model, FL-core, method and privacy layers; none of them imports it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +54,11 @@ def _flower_engine(cfg: ExperimentConfig) -> Runtime:
 
 
 def build_runtime(cfg: ExperimentConfig) -> Runtime:
+    if cfg.secagg.enabled and cfg.runtime != "flower":
+        raise ConfigError(
+            "secagg.enabled needs runtime=flower (SecAgg+ runs over a Flower Grid: the "
+            f"loopback one, or a deployment's), got runtime={cfg.runtime!r}"
+        )
     return RUNTIMES.get(cfg.runtime)(cfg)
 
 
@@ -82,6 +88,7 @@ def check_names(cfg: ExperimentConfig) -> list[str]:
     from osfl.models import MODELS
     from osfl.privacy.audit import parse_audit
     from osfl.privacy.defenses import defense_config
+    from osfl.robustness import byzantine_config
 
     DATASETS.get(cfg.data.source.partition(":")[0].strip())
     PARTITIONS.get(cfg.partition.scheme)
@@ -90,6 +97,7 @@ def check_names(cfg: ExperimentConfig) -> list[str]:
     PIPELINES.get(cfg.transform.eval)
     RUNTIMES.get(cfg.runtime)
     defense_config(cfg.defense)
+    byzantine_config(cfg.byzantine)
     parse_audit(cfg.audit)
     return method_names(cfg)
 
@@ -105,14 +113,17 @@ def resolve_device(name: str) -> torch.device:
 
 
 def load_splits(cfg: ExperimentConfig) -> DataSplits:
-    """The train/test ImageSets of ``cfg.data`` (only the options that are set)."""
+    """The train/test ImageSets of ``cfg.data`` (only the options that are set),
+    restricted to ``data.classes`` in that label order when it is given."""
+    from osfl.data.classes import keep_classes
     from osfl.data.sources import load_data
 
     d = cfg.data
     named = {"image_size": d.image_size, "channels": d.channels, "max_per_class": d.max_per_class}
     named["cache_dir"] = d.cache_dir
     opts = {k: v for k, v in named.items() if v is not None} | dict(d.options)
-    return load_data(d.source, **opts)
+    splits = load_data(d.source, **opts)
+    return keep_classes(splits, d.classes, d.source) if d.classes else splits
 
 
 def partition_params(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -147,14 +158,30 @@ def build_federation(cfg: ExperimentConfig, train: ImageSet, seed: int) -> Feder
     )
 
 
-def build_transforms(cfg: ExperimentConfig, train: ImageSet) -> tuple[Any, Any]:
-    """``(train, eval)`` batched transforms, normalised with the train set's
-    channel statistics (what every party computes the same way)."""
+def build_transforms(cfg: ExperimentConfig, train: ImageSet | None) -> tuple[Any, Any]:
+    """``(train, eval)`` batched transforms, normalised with ``transform.mean``
+    / ``std`` when given, else with the train set's channel statistics (what
+    every party of a rehearsal computes the same way)."""
     from osfl.data.transforms import build_transform, channel_stats
 
-    size = train.image_shape[1]
-    mean, std = channel_stats(train)
     tf = cfg.transform
+    if (tf.mean is None) != (tf.std is None):
+        raise ConfigError("give both transform.mean and transform.std, or neither")
+    if tf.mean is not None and tf.std is not None:
+        if len(tf.mean) != len(tf.std) or not all(s > 0 for s in tf.std):
+            raise ConfigError(
+                "transform.mean and transform.std need one value per channel, std > 0"
+            )
+        mean, std = tuple(tf.mean), tuple(tf.std)
+    elif train is not None:
+        mean, std = channel_stats(train)
+    else:
+        raise ConfigError(
+            "transform.mean and transform.std are needed where no party holds the whole "
+            "train set (real sites): set them, e.g. transform.mean=[0.5,0.5,0.5] "
+            "transform.std=[0.25,0.25,0.25]"
+        )
+    size = train.image_shape[1] if train is not None else cfg.data.image_size
     return (
         build_transform(tf.train, image_size=size, mean=mean, std=std),
         build_transform(tf.eval, image_size=size, mean=mean, std=std),
@@ -168,18 +195,76 @@ def build_run(
     seed: int,
     progress: Progress | None = None,
 ) -> RunContext:
-    """The RunContext every party shares (same on the server and the clients)."""
+    """The RunContext every party of a rehearsal shares (the task read off
+    the train set, transforms normalised with its statistics)."""
     train = splits.train
-    c, h, _ = train.image_shape
+    return run_context(
+        cfg,
+        image_shape=train.image_shape,
+        classes=train.classes,
+        num_clients=len(federation.client_indices),
+        seed=seed,
+        stats_from=train,
+        progress=progress,
+        weights=pretrained_weights(cfg, train),
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _weights_info(path: str, mtime: float, size: int) -> dict[str, Any]:
+    from osfl.pretrain.card import pretrained_info
+
+    return pretrained_info(path)
+
+
+def pretrained_weights(cfg: ExperimentConfig, train: ImageSet | None) -> dict[str, Any] | None:
+    """What the run starts from when ``model.kwargs.pretrained`` names a local
+    checkpoint: its path, sha256, size and model card (``osfl pretrain``);
+    with a card and the train set at hand, a task whose data the encoder may
+    have seen (same source and a shared class, or the same images) is refused
+    here, before anything trains. A ``hf-hub:`` id is recorded as given."""
+    from osfl.pretrain.card import check_disjoint
+
+    path = cfg.model.kwargs.get("pretrained")
+    if not path:
+        return None
+    if str(path).startswith("hf-hub:"):
+        return {"source": str(path)}
+    p = Path(str(path))
+    if not p.is_file():
+        raise ConfigError(f"model.kwargs.pretrained: {str(p)!r} is not a file")
+    stat = p.stat()
+    info = _weights_info(str(p.resolve()), stat.st_mtime, stat.st_size)
+    if info["card"] is not None and train is not None:
+        check_disjoint(info["card"], cfg.data.source, train.classes, train.fingerprint())
+    return info
+
+
+def run_context(
+    cfg: ExperimentConfig,
+    *,
+    image_shape: tuple[int, int, int],
+    classes: tuple[str, ...],
+    num_clients: int,
+    seed: int,
+    stats_from: ImageSet | None,
+    progress: Progress | None = None,
+    weights: Mapping[str, Any] | None = None,
+) -> RunContext:
+    """The RunContext of a task: ``stats_from`` is the set whose channel
+    statistics normalise the inputs when ``transform.mean``/``std`` are not
+    given (``None`` at real sites, where they must be); ``weights``: the
+    pretrained checkpoint's info (:func:`pretrained_weights`)."""
+    c, h, _ = image_shape
     kwargs = dict(cfg.model.kwargs)
     kwargs.setdefault("in_chans", c)
     kwargs.setdefault("img_size", h)
-    train_tf, eval_tf = build_transforms(cfg, train)
+    train_tf, eval_tf = build_transforms(cfg, stats_from)
     return RunContext(
-        num_classes=train.num_classes,
-        image_shape=train.image_shape,
-        num_clients=len(federation.client_indices),
-        model=ModelSpec(cfg.model.name, kwargs),
+        num_classes=len(classes),
+        image_shape=image_shape,
+        num_clients=num_clients,
+        model=ModelSpec(cfg.model.name, kwargs, (weights or {}).get("sha256")),
         train=cfg.train,
         train_transform=train_tf,
         eval_transform=eval_tf,
@@ -187,15 +272,19 @@ def build_run(
         device=resolve_device(cfg.device),
         cache=ClientCache(cfg.cache_dir) if cfg.cache_dir else None,
         progress=progress or Progress(),
+        server=cfg.server,
+        secagg=cfg.secagg,
+        classes=tuple(classes),
     )
 
 
 @dataclass
 class SeedContext:
-    """What one seed's runs share: data, federation, run context."""
+    """What one seed's runs share: data, federation, run context (a real-sites
+    server has neither the data nor a federation: ``None``)."""
 
-    splits: DataSplits
-    federation: Federation
+    splits: DataSplits | None
+    federation: Federation | None
     run: RunContext
 
 
@@ -209,22 +298,38 @@ def seed_context(
 # --------------------------------------------------------------------------- methods
 def build_method(cfg: ExperimentConfig, name: str, run: RunContext) -> Method:
     """Method ``name`` with its config from ``cfg.method[name]``, wrapped in the
-    config's client-side ``defense`` (clipping + DP noise) when it has one."""
+    config's client-side ``defense`` (clipping + DP noise) when it has one, and
+    in the ``byzantine`` poison of the clients it names (outermost: a poisoned
+    client does not run the defence honestly)."""
+    import osfl.methods  # noqa: F401  (registers the methods)
     from osfl.privacy.defenses import apply_defense
+    from osfl.robustness import apply_byzantine
 
     cls = METHODS.get(name)
     method = cls(method_config(cls, cfg.method.get(name, {})), run)
-    return apply_defense(method, cfg.defense)
+    return apply_byzantine(apply_defense(method, cfg.defense), cfg.byzantine)
+
+
+def test_evaluator(test: ImageSet, run: RunContext) -> Callable[[Any], dict[str, Any]]:
+    """Accuracy of a predictor on ``test`` (global and per class)."""
+    from osfl.fl.evaluate import evaluate
+
+    def score(predictor: Any) -> dict[str, Any]:
+        return evaluate(predictor, test, run.eval_transform, run.device).as_dict()
+
+    return score
 
 
 def build_evaluator(cfg: ExperimentConfig, ctx: SeedContext) -> Callable[[Any], dict[str, Any]]:
     """Test accuracy of a predictor (global, per class; per client's label mix
     with ``eval_local``)."""
-    from osfl.fl.evaluate import evaluate, local_test_accuracy
+    from osfl.fl.evaluate import local_test_accuracy
+
+    on_test = test_evaluator(ctx.splits.test, ctx.run)
 
     def score(predictor: Any) -> dict[str, Any]:
         test, run = ctx.splits.test, ctx.run
-        res = evaluate(predictor, test, run.eval_transform, run.device).as_dict()
+        res = on_test(predictor)
         if cfg.eval_local:
             accs = local_test_accuracy(
                 predictor, test, ctx.federation.class_counts, run.eval_transform, run.device
@@ -277,11 +382,23 @@ def run_record(
     """The ``metrics.json`` record of one finished job (schema in
     ``docs/run-directory.md``); ``cache_counts`` = (hits, misses) of this job."""
     m = dict(result.metrics)
+    m["warnings"] = list(dict.fromkeys(result.warnings))
     if cfg.defense:
         m["defense"] = dict(cfg.defense)
+    if cfg.byzantine:
+        m["byzantine"] = dict(cfg.byzantine)
     if "mean_client_accuracy" in m:  # the `local` floor: its accuracy is the clients' mean
         m["global_test_accuracy"] = m["mean_client_accuracy"]
     fed = ctx.federation
+    partition: dict[str, Any] = {"scheme": "sites", "num_clients": job.num_clients}
+    if fed is not None:
+        partition = {
+            "key": fed.key(),
+            "scheme": fed.scheme,
+            "params": dict(fed.params),
+            "seed": fed.seed,
+            "num_clients": len(fed.client_indices),
+        }
     record: dict[str, Any] = {
         **context,
         "runtime": cfg.runtime,
@@ -291,13 +408,8 @@ def run_record(
         "bytes_up": result.bytes_up,
         "bytes_down": result.bytes_down,
         "time_s": {k: round(v, 4) for k, v in result.time_s.items()},
-        "partition": {
-            "key": fed.key(),
-            "scheme": fed.scheme,
-            "params": dict(fed.params),
-            "seed": fed.seed,
-            "num_clients": len(fed.client_indices),
-        },
+        "server_rules": dataclasses.asdict(cfg.server),
+        "partition": partition,
         "cache": {
             "hits": cache_counts[0] if cache_counts else None,
             "misses": cache_counts[1] if cache_counts else None,
@@ -309,6 +421,16 @@ def run_record(
             if "global_test_accuracy" in r.metrics
         ],
     }
+    weights = pretrained_weights(cfg, None)
+    if weights is not None:
+        card = weights.get("card") or {}
+        record["pretrained"] = {
+            **{k: v for k, v in weights.items() if k != "card"},
+            "upstream": {k: card["upstream"].get(k) for k in ("source", "classes")}
+            if "upstream" in card
+            else None,
+            "objective": (card.get("objective") or {}).get("name"),
+        }
     extras = job.method.report(result.state)
     if extras:
         record["server"] = extras

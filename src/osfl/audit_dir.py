@@ -10,11 +10,12 @@ and ``summary.md``.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from osfl import assembly
+from osfl import assembly, jsonio, report
 from osfl.errors import ConfigError, DataError
 from osfl.fl.observation import load_observations
 from osfl.privacy.audit import (
@@ -26,6 +27,8 @@ from osfl.privacy.audit import (
     aux_set,
     score_observations,
 )
+
+log = logging.getLogger(__name__)
 
 
 def recordings(run_dir: str | Path) -> list[Path]:
@@ -70,13 +73,35 @@ def audit_run_dir(
     aux = aux_set(splits.test, aux_per_class, aux_seed)
     results: list[dict[str, Any]] = []
     for rec_dir in found:
-        ctx = json.loads((rec_dir / RECORDING).read_text())
+        ctx = _recording(rec_dir)
         obs = load_observations(rec_dir)
+        expected = ctx.get("observations")
+        if isinstance(expected, int) and len(obs) < expected:
+            log.warning(
+                "%s: %d of %d recorded observations are missing; scoring the %d left",
+                rec_dir,
+                expected - len(obs),
+                expected,
+                len(obs),
+            )
+            ctx["missing_observations"] = expected - len(obs)
         scored = score_observations(obs, attacks, aux, transform=transform, device=device)
         results.append({**ctx, "audit": scored})
-    (root / "audit.json").write_text(json.dumps(results, indent=2, allow_nan=False))
+    (root / "audit.json").write_text(jsonio.dumps(results, indent=2))
     _merge_into_metrics(root, results)
     return results
+
+
+def _recording(rec_dir: Path) -> dict[str, Any]:
+    """A recording's ``recording.json``; a damaged one is a DataError naming it."""
+    path = rec_dir / RECORDING
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: damaged ({e})") from e
+    if not isinstance(doc, dict):
+        raise DataError(f"{path}: not a JSON object")
+    return doc
 
 
 def _merge_into_metrics(root: Path, results: Sequence[Mapping[str, Any]]) -> None:
@@ -86,18 +111,25 @@ def _merge_into_metrics(root: Path, results: Sequence[Mapping[str, Any]]) -> Non
     path = root / "metrics.json"
     records: Sequence[Mapping[str, Any]] = results
     if path.is_file():
-        doc = json.loads(path.read_text())
-        for rec in doc.get("records", []):
+        try:
+            doc = report.read_metrics(path)
+        except DataError as e:
+            raise DataError(f"{e}; the scores are in audit.json") from e
+        stored = doc["records"]
+        for rec in stored:
             for res in results:
                 if all(rec.get(k) == res.get(k) for k in ("method", "seed", "point")):
                     rec.setdefault("audit", {}).update(res["audit"])
-        path.write_text(json.dumps(doc, indent=2, allow_nan=False) + "\n")
-        records = [r for r in doc.get("records", []) if "audit" in r] or results
+        info = {k: v for k, v in doc.items() if k != "records"}
+        report.write_metrics(path, stored, info=info)
+        records = [r for r in stored if "audit" in r] or results
     summary = root / "summary.md"
     if summary.is_file():
-        text = summary.read_text()
+        try:
+            text = summary.read_text()
+        except (OSError, ValueError) as e:
+            log.warning("%s is unreadable (%s); its audit section is not updated", summary, e)
+            return
         cut = text.find(AUDIT_HEADING)
         text = text[:cut].rstrip() + "\n\n" if cut >= 0 else text.rstrip() + "\n\n"
         summary.write_text(text + audit_markdown(records))
-
-

@@ -14,14 +14,13 @@ and keeps its traceback.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from osfl import __version__
 from osfl.errors import ConfigError, OsflError
 
 log = logging.getLogger("osfl.cli")
@@ -45,83 +44,71 @@ def _split_run_args(items: Sequence[str]) -> tuple[str | None, list[str]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from osfl import report
-    from osfl.assembly import check_names, method_names
-    from osfl.config import expand_sweeps, load_config, merge_sweeps, to_dict, to_yaml
-    from osfl.experiment import run_experiment
-    from osfl.rundir import RunDir
+    from osfl.runner import RunRequest, run
 
-    console = Console()
     config, overrides = _split_run_args(args.items)
+    mode, out = "new", args.out
+    if args.resume:
+        if config is not None or args.overwrite:
+            raise ConfigError(
+                "--resume DIR re-runs DIR/config.yaml: give no other config file and no "
+                "--overwrite"
+            )
+        if out is not None and Path(out) != Path(args.resume):
+            raise ConfigError(f"--resume {args.resume} writes there; drop --out {out}")
+        if not (Path(args.resume) / "config.yaml").is_file():
+            raise ConfigError(f"{args.resume} holds no osfl run to resume (no config.yaml)")
+        mode, out, config = "resume", args.resume, str(Path(args.resume) / "config.yaml")
+    elif args.overwrite:
+        mode = "overwrite"
     if args.no_progress:
         overrides.append("progress=false")
-    base = load_config(config, overrides)
-    sweeps = merge_sweeps(base.sweep, args.sweep or [])
-    points = expand_sweeps(sweeps)
-    cfgs = [
-        (p, load_config(config, [*overrides, *(f"{k}={v}" for k, v in p.items())])) for p in points
-    ]
-    for _, c in cfgs:  # every grid point is validated before anything runs
-        check_names(c)
-    base = dataclasses.replace(base, methods=method_names(base), sweep=sweeps)
-    out = Path(args.out or base.out_dir or RunDir.default_path(base.name))
-    t0 = time.perf_counter()
-    records: list[dict[str, Any]] = []
-    with RunDir(out) as rd, _progress_board(console, base.progress) as board:
-        header = f"# osfl run {' '.join(args.items)}".rstrip() + "\n"
-        rd.write_text("config.yaml", header + to_yaml(base))
-        rd.event("run_start", config=config or "embedded default", points=len(points))
-        for point, cfg in cfgs:
-            label = " ".join(f"{k}={v}" for k, v in point.items())
-            if label:
-                console.print(f"[bold]{label}[/bold]")
-            records += run_experiment(cfg, rundir=rd, point=point, progress=board)
-        wall = time.perf_counter() - t0
-        rows = report.summarize(records)
-        info = {
-            "config": to_dict(base),
-            "sweep": sweeps,
-            "wall_time_s": round(wall, 3),
-        }
-        report.write_metrics(rd.path / "metrics.json", records, info=info)
-        notes = [
-            f"data `{base.data.source}`, {base.partition.num_clients} clients, "
-            f"partition `{base.partition.scheme}`, model `{base.model.name}`, scale `{base.scale}`",
-            f"seeds {sorted({r['seed'] for r in records})}; wall time {wall:.1f} s",
-        ]
-        summary = report.summary_markdown(rows, title=f"osfl run: {base.name}", notes=notes)
-        audited = any("audit" in r for r in records)
-        if audited:  # privacy audits (audit=[rlu, ...]): their own table
-            from osfl.privacy.audit import audit_markdown
-
-            summary = summary.rstrip() + "\n\n" + audit_markdown(records)
-        rd.write_text("summary.md", summary)
-        report.plot_curves(records, rd.path / "curves.png")
-        rd.event("run_end", wall_time_s=round(wall, 3), records=len(records))
-    console.print(report.rich_table(rows, title=f"{base.name} — {base.data.source}"))
-    if audited:
+    console = _console()
+    req = RunRequest(
+        config=config,
+        overrides=overrides,
+        sweeps=args.sweep or [],
+        out=out,
+        mode=mode,
+        command=f"osfl run {' '.join(args.items)}".rstrip(),
+    )
+    outcome = run(
+        req,
+        lambda enabled: _progress_board(console, enabled),
+        announce=lambda text: console.print(f"[bold]{text}[/bold]"),
+    )
+    records = outcome.records
+    rows = report.summarize(records)
+    console.print(report.rich_table(rows, title=f"{outcome.base.name} — {outcome.base.data.source}"))
+    for line in report.warning_lines(rows):
+        console.print(f"[yellow]warning[/yellow] {line}", markup=True, highlight=False)
+    if any("audit" in r for r in records):
         from osfl.privacy.audit import audit_rich_table
 
         table = audit_rich_table(records)
         if table is not None:
             console.print(table)
-    console.print(f"run directory: {out}  ({wall:.1f} s)")
+    console.print(f"run directory: {outcome.out}  ({outcome.wall_s:.1f} s)")
     return 0
+
+
+def _console() -> Any:
+    """The terminal console; when output is piped, wide enough that a table's
+    columns are never cut (rich would assume 80 columns)."""
+    from rich.console import Console
+
+    console = Console()
+    return console if console.is_terminal else Console(width=160)
 
 
 def _progress_board(console: Any, enabled: bool) -> Any:
     """One live progress display for the whole run when the output is a
     terminal (bars of local training, rounds and server phases stack on it);
     the silent board otherwise or with ``--no-progress``."""
-    from contextlib import nullcontext
-
     from osfl.fl.progress import Progress, RichProgress
 
-    if enabled and console.is_terminal:
-        return RichProgress(console)
-    return nullcontext(Progress())
+    return RichProgress(console) if enabled and console.is_terminal else Progress()
 
 
 # --------------------------------------------------------------------------- audit
@@ -243,9 +230,7 @@ def registries() -> dict[str, list[str]]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
-    console = Console()
+    console = _console()
     if args.method:
         import osfl.methods  # noqa: F401  (registers the methods)
         from osfl.config import config_tree
@@ -257,7 +242,85 @@ def cmd_list(args: argparse.Namespace) -> int:
         console.print(config_tree(cls.Config).rstrip() or "(none)", markup=False)
         return 0
     for kind, names in registries().items():
-        console.print(f"[bold]{kind}[/bold] ({len(names)}): " + ", ".join(names))
+        console.print(f"[bold]{kind}[/bold] ({len(names)}): " + ", ".join(names), soft_wrap=True)
+    console.print("`osfl list --method NAME` prints a method's options with their defaults")
+    return 0
+
+
+# --------------------------------------------------------------------------- pretrain
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    """``osfl pretrain --upstream SPEC --out FILE.safetensors [CONFIG.yaml] [key=value ...]``:
+    train an encoder on declared upstream data and write it with its model card
+    (docs/pretrain.md); ``--disjoint-from RUN.yaml`` refuses upstream data that
+    overlaps that run's data before anything trains."""
+    import json
+    import shlex
+
+    from rich.console import Console
+
+    from osfl.assembly import load_splits
+    from osfl.config import load_config
+    from osfl.pretrain.card import check_disjoint
+    from osfl.pretrain.config import load_pretrain_config
+    from osfl.pretrain.export import save_encoder, upstream_block
+    from osfl.pretrain.train import pretrain
+    from osfl.pretrain.upstream import load_upstream, parse_classes
+
+    config, overrides = _split_run_args(args.items)
+    shortcuts = {
+        "upstream.source": args.upstream,
+        "objective": args.objective,
+        "model.name": args.model,
+        "train.epochs": args.epochs,
+    }
+    overrides += [f"{k}={v}" for k, v in shortcuts.items() if v is not None]
+    if args.classes is not None:
+        overrides.append(f"upstream.classes={json.dumps(parse_classes(args.classes))}")
+    if args.upstream is None and config is None:
+        raise ConfigError("declare the upstream data: --upstream SPEC (or a pretrain config file)")
+    if not args.out:
+        raise ConfigError("give the output weights file: --out FILE.safetensors")
+    out = Path(args.out)
+    if out.suffix != ".safetensors":
+        raise ConfigError(f"--out {str(out)!r} must end in .safetensors")
+    if out.exists() and not args.force:
+        raise ConfigError(f"{str(out)!r} exists; pass --force to overwrite it")
+    cfg = load_pretrain_config(config, overrides)
+    up = cfg.upstream
+    upstream = load_upstream(
+        up.source,
+        up.classes,
+        image_size=up.image_size,
+        channels=up.channels,
+        max_per_class=up.max_per_class,
+        cache_dir=up.cache_dir,
+        options=dict(up.options),
+    )
+    console = Console()
+    known = {"upstream": upstream_block(upstream)}
+    for task_path in args.disjoint_from or []:  # refuse before anything trains
+        task = load_config(task_path)
+        train = load_splits(task).train
+        present = [train.classes[i] for i in sorted(set(train.labels.tolist()))]
+        check_disjoint(known, task.data.source, present, train.fingerprint())
+        console.print(f"upstream is disjoint from {task_path} ({task.data.source}: {present})")
+    with _progress_board(console, not args.no_progress) as board:
+        result = pretrain(cfg, upstream, progress=board)
+    command = ["osfl", "pretrain", *(f"--disjoint-from={p}" for p in args.disjoint_from or [])]
+    command += [f"--out={out}", *([config] if config else []), *overrides]
+    if args.force:
+        command.append("--force")
+    card_file, card = save_encoder(cfg, upstream, result, out, [shlex.join(command)])
+    held = ", ".join(f"{k} {v:.4g}" for k, v in result.held_out.items())
+    console.print(
+        f"{card['objective']['name']} encoder on {len(upstream.train)} images of "
+        f"{upstream.source} {list(upstream.classes)}: final loss {result.final_loss:.4f}; "
+        f"held-out {held}"
+    )
+    console.print(
+        f"weights written to {out} ({card['weights']['bytes']} bytes, sha256 "
+        f"{card['weights']['sha256'][:16]}...), card to {card_file}  ({result.seconds:.1f} s)"
+    )
     return 0
 
 
@@ -267,8 +330,14 @@ def build_parser() -> argparse.ArgumentParser:
         prog="osfl", description="Federated learning of image classifiers."
     )
     parser.add_argument(
-        "-v", "--verbose", action="count", default=0, help="more log output (-vv: debug)"
+        "-v",
+        "--verbose",
+        action="count",
+        default=0,
+        help="more log output: -v shows each client's training and each method's result "
+        "(INFO), -vv debug messages; the run directory's run.log always has INFO",
     )
+    parser.add_argument("--version", action="version", version=f"osfl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run an experiment (no argument: the embedded default)")
@@ -286,6 +355,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--out", help="run directory (default: runs/<timestamp>-<name>)")
     run.add_argument("--no-progress", action="store_true", help="no progress bars")
+    run.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an earlier run in --out (default: refuse to touch it)",
+    )
+    run.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="finish an interrupted run in DIR: same config, only its missing records run",
+    )
     run.set_defaults(func=cmd_run)
 
     part = sub.add_parser("partition", help="split a dataset among clients and save the federation")
@@ -296,7 +375,12 @@ def build_parser() -> argparse.ArgumentParser:
     group = part.add_mutually_exclusive_group()
     group.add_argument("--alpha", type=float, help="Dirichlet concentration (dirichlet)")
     group.add_argument("--classes-per-client", type=int, help="classes per client (pathological)")
-    part.add_argument("--min-partition-size", type=int, help="smallest client size (dirichlet)")
+    part.add_argument(
+        "--min-partition-size",
+        type=int,
+        help="smallest client size (dirichlet; default: the scheme's, 2 — the embedded "
+        "default experiment of `osfl run` sets 10)",
+    )
     part.add_argument("--clients", type=int, required=True, help="number of clients")
     part.add_argument("--seed", type=int, default=0)
     part.add_argument("--out", required=True, help="output JSON file")
@@ -332,6 +416,45 @@ def build_parser() -> argparse.ArgumentParser:
     )
     aud.add_argument("--device", default="cpu", help="device the attacks run on (default cpu)")
     aud.set_defaults(func=cmd_audit)
+
+    pre = sub.add_parser(
+        "pretrain", help="train an encoder on declared upstream data; write weights + model card"
+    )
+    pre.add_argument(
+        "items",
+        nargs="*",
+        metavar="CONFIG.yaml | key=value",
+        help="a pretrain config and/or dotted overrides such as train.lr=0.001 (docs/pretrain.md)",
+    )
+    pre.add_argument("--upstream", help="upstream data spec, e.g. imagefolder:<dir> or digits")
+    pre.add_argument(
+        "--classes", help="upstream classes to use, by index or name, e.g. 0,1,2,3,4 (default all)"
+    )
+    pre.add_argument("--objective", help="supervised, mae or dino (default supervised)")
+    pre.add_argument("--model", help="registered model name (default vit_tiny_patch4_32)")
+    pre.add_argument("--epochs", type=int, help="training epochs (train.epochs)")
+    pre.add_argument("--out", help="output weights file, FILE.safetensors (card: FILE.card.json)")
+    pre.add_argument(
+        "--disjoint-from",
+        action="append",
+        metavar="RUN.yaml",
+        help="an osfl run config whose data the upstream must not overlap (repeatable)",
+    )
+    pre.add_argument("--force", action="store_true", help="overwrite an existing --out file")
+    pre.add_argument("--no-progress", action="store_true", help="no progress bars")
+    pre.set_defaults(func=cmd_pretrain)
+
+    flower = sub.add_parser("flower", help="tools for Flower deployments (docs/flower.md)")
+    fsub = flower.add_subparsers(dest="flower_command", required=True)
+    certs = fsub.add_parser(
+        "certs",
+        help="make a throwaway CA, server certificate and SuperNode keys for a TLS rehearsal "
+        "(docs/flower-security.md)",
+    )
+    from osfl.flower_app import certs as certs_tool
+
+    certs_tool.add_arguments(certs)
+    certs.set_defaults(func=certs_tool.run)
     return parser
 
 

@@ -31,12 +31,21 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from osfl.errors import ConfigError
+from osfl.fl.secagg_config import SecAggPlusConfig
+from osfl.fl.server_config import ServerConfig
 from osfl.fl.train_config import TrainConfig
 
 
 @dataclass(frozen=True)
 class DataConfig:
-    """Where the images come from (``osfl.data.load_data(source, **options)``)."""
+    """Where the images come from (``osfl.data.load_data(source, **options)``).
+
+    ``classes``: the task's classes, in label order (null: all of the
+    source's). In a rehearsal the source is restricted to them (names, or
+    indices into the source's list): e.g. CIFAR-10's classes 5-9 for an
+    encoder pretrained on classes 0-4. Real sites (``docs/flower.md``) must
+    give it: each site's folders are mapped onto it by name, and a site with
+    a class outside it is refused before training."""
 
     source: str = "digits"
     image_size: int | None = 16
@@ -44,6 +53,7 @@ class DataConfig:
     max_per_class: int | None = None
     cache_dir: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    classes: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -85,11 +95,14 @@ class ModelConfig:
 @dataclass(frozen=True)
 class TransformConfig:
     """Named batched pipelines (``osfl.data.transforms.build_transform``) for
-    local training and for evaluation; normalisation statistics come from the
-    train set."""
+    local training and for evaluation. ``mean``/``std``: the per-channel
+    normalisation (null: the train set's statistics, which only a rehearsal
+    has; real sites must state them, so that every site normalises alike)."""
 
     train: str = "none"
     eval: str = "none"
+    mean: list[float] | None = None
+    std: list[float] | None = None
 
 
 @dataclass(frozen=True)
@@ -122,6 +135,15 @@ class ExperimentConfig:
     # Client-side defence on every upload: {clip: L2 bound, sigma: noise std, scope: ...}
     # (osfl.privacy.defenses.DefenseConfig); empty = none.
     defense: dict[str, Any] = field(default_factory=dict)
+    # Byzantine clients (a robustness experiment): {clients: [ids], kind: sign_flip, scale: 10}
+    # (osfl.robustness.byzantine.ByzantineConfig); empty = every client honest.
+    byzantine: dict[str, Any] = field(default_factory=dict)
+    # The server's public rules: robust aggregation, member screening, upload limits
+    # (osfl.fl.server_config.ServerConfig).
+    server: ServerConfig = field(default_factory=ServerConfig)
+    # Flower SecAgg+: the server learns only the clients' weighted mean
+    # (osfl.fl.secagg_config.SecAggPlusConfig; docs/secure-aggregation.md).
+    secagg: SecAggPlusConfig = field(default_factory=SecAggPlusConfig)
     eval_local: bool = False
     eval_every: int = 0
     # Save the server state every N rounds under <run dir>/checkpoints/ (0 = never).
@@ -150,6 +172,11 @@ class ExperimentConfig:
             raise ConfigError(
                 f"eval_every must be >= 0 (0 = only at the end), got {self.eval_every}"
             )
+        if self.secagg.enabled and self.audit:
+            raise ConfigError(
+                "audit reads each client's upload, which secagg.enabled hides from the server: "
+                "run the audit without secure aggregation"
+            )
         choices = {
             "device": (self.device, ("auto", "cpu", "cuda", "mps")),
             "scale": (self.scale, ("cpu", "gpu")),
@@ -171,6 +198,20 @@ def _valid_keys(schema: DictConfig, full_key: str) -> list[str]:
     return sorted(node.keys()) if isinstance(node, DictConfig) else []
 
 
+#: Hints for keys a user is likely to mistype the shape of (OmegaConf's own
+#: messages speak of ListConfig, AnyNode and Dict[str, Dict[str, Any]]).
+_SHAPE_HINTS = {
+    "method": "`method` holds per-method options (method.fedavg.rounds=3); to choose the "
+    "methods to run write methods=[fedavg] or methods=[fedavg,ensemble]",
+    "methods": "methods is a list: write methods=[fedavg] or methods=[fedavg,ensemble]",
+    "seeds": "seeds is a list: write seeds=[0] or seeds=[0,1,2]",
+    "audit": "audit is a list: write audit=[rlu] or audit=[rlu,llg+]",
+    "sweep": 'sweep is a list: write "sweep=[partition.alpha=0.1,1.0]" or use --sweep',
+    "defense": "defense is a mapping: write defense.sigma=0.05, or "
+    '"defense={sigma: 0.05}" (YAML needs a space after each colon)',
+}
+
+
 def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> ConfigError:
     key = getattr(e, "full_key", "") or ""
     if isinstance(e, ConfigKeyError | AttributeError) or "not in" in str(e):
@@ -181,6 +222,15 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
         )
     if isinstance(e, ValidationError):
         first = str(e).splitlines()[0]
+        hint = _SHAPE_HINTS.get(key.split(".")[0]) if "." not in key else None
+        if hint is not None:
+            return ConfigError(f"bad value for {key!r} ({source}): {hint}")
+        if "could not be converted" in first:
+            value = getattr(e, "value", None)
+            want = first.rsplit(" to ", 1)[-1]
+            return ConfigError(
+                f"bad value for {key!r} ({source}): {value!r} is not a valid {want.lower()}"
+            )
         return ConfigError(f"bad value for {key!r} ({source}): {first}")
     return ConfigError(f"invalid configuration ({source}): {str(e).splitlines()[0]}")
 

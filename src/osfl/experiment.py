@@ -15,23 +15,42 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import shutil
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from osfl import assembly
 from osfl.assembly import SeedContext
 from osfl.config import ExperimentConfig
-from osfl.data.imageset import ImageSet
+from osfl.data.imageset import DataSplits, ImageSet
+from osfl.errors import ConfigError
 from osfl.fl.observers import Checkpointer, Observer
 from osfl.fl.progress import Progress
 from osfl.fl.runtime.base import Job, Runtime
+from osfl.fl.secagg_config import secure_refusal
 from osfl.rundir import EventObserver, RunDir
 
 log = logging.getLogger(__name__)
 
 #: ``observers_for(method, seed, ctx) -> observers`` attaches extra observers per run.
 ObserversFor = Callable[[str, int, SeedContext], Sequence[Observer]]
+#: ``on_round(context, rounds)``: a running method's identifying fields and its
+#: round records so far (so a run can save them before the method finishes).
+OnRound = Callable[[Mapping[str, Any], list[dict[str, Any]]], None]
+
+
+class RoundsSoFar(Observer):
+    """Hands every finished round of one method to ``on_round``."""
+
+    def __init__(self, context: Mapping[str, Any], on_round: OnRound):
+        self.context, self.on_round = dict(context), on_round
+        self.rounds: list[dict[str, Any]] = []
+
+    def on_round_end(self, round: int, state: Any, metrics: Mapping[str, Any]) -> None:
+        self.rounds.append(dict(metrics))
+        self.on_round(self.context, list(self.rounds))
 
 
 def _slug(name: str, seed: int, point: str) -> str:
@@ -44,6 +63,13 @@ def run_context(name: str, seed: int, point: Mapping[str, str] | None) -> dict[s
     """The identifying fields of a record: method, seed, grid point."""
     label = " ".join(f"{k}={v}" for k, v in (point or {}).items() if k != "seeds")
     return {"method": name, "seed": seed, "point": label, "sweep": dict(point or {})}
+
+
+def state_dir(rundir: RunDir, name: str, seed: int, point: str) -> Path:
+    """Where a job's server state is saved while it runs (``state/<slug>``):
+    ``osfl run --resume`` continues an unfinished method from there; the
+    directory goes once the method's record is in ``metrics.json``."""
+    return rundir.path / "state" / _slug(name, seed, point)
 
 
 def run_observers(
@@ -69,12 +95,18 @@ def run_method(
     rundir: RunDir | None = None,
     point: Mapping[str, str] | None = None,
     observers: Sequence[Observer] = (),
+    on_round: OnRound | None = None,
 ) -> dict[str, Any]:
-    """Run one built job on ``runtime``; returns its metrics record."""
+    """Run one built job on ``runtime``; returns its metrics record.
+    ``on_round`` sees the rounds finished so far after every round."""
     name, seed = job.method.name, job.seed
     context = run_context(name, seed, point)
+    if rundir is not None and job.state_dir is None:  # saved every round; resumed from there
+        job = dataclasses.replace(job, state_dir=state_dir(rundir, name, seed, context["point"]))
     audit = assembly.build_audit(cfg, job, ctx, rundir.path if rundir else None, context)
     obs = [*observers, *run_observers(cfg, job, context, rundir)]
+    if on_round is not None and job.method.rounds > 1:
+        obs.append(RoundsSoFar(context, on_round))
     if audit is not None:
         obs.append(audit.recorder)
     if rundir is not None:
@@ -100,6 +132,90 @@ def run_method(
     return record
 
 
+@dataclass
+class Plan:
+    """One config's work, built and checked before anything trains: its data,
+    and per seed the federation, run context and one job per method."""
+
+    cfg: ExperimentConfig
+    splits: DataSplits | None  # None: a real-sites server holds no data
+    runtime: Runtime
+    seeds: list[tuple[SeedContext, list[Job]]]
+
+
+def plan_experiment(
+    cfg: ExperimentConfig, *, runtime: Runtime | None = None, progress: Progress | None = None
+) -> Plan:
+    """Load the data, build every seed's federation and run context and every
+    method's job, and run each method's ``check`` — so an incompatible method
+    (e.g. one that needs a ViT, or one that SecAgg+ cannot serve) fails before any client trains and before a
+    run directory is made. ``runtime`` defaults to the config's."""
+    methods = assembly.check_names(cfg)
+    splits = assembly.load_splits(cfg)
+    seeds = []
+    for seed in cfg.seeds:
+        ctx = assembly.seed_context(cfg, splits, seed, progress)
+        jobs = [assembly.build_job(cfg, name, ctx) for name in methods]
+        for job in jobs:
+            job.method.check()
+            if cfg.secagg.enabled:  # every method, before the first one trains
+                why = secure_refusal(job.method.name, job.method.secure_weighting, cfg.server)
+                if why is not None:
+                    raise ConfigError(f"secure aggregation: {why}")
+        seeds.append((ctx, jobs))
+    return Plan(cfg, splits, runtime or assembly.build_runtime(cfg), seeds)
+
+
+def execute_plan(
+    plan: Plan,
+    *,
+    rundir: RunDir | None = None,
+    point: Mapping[str, str] | None = None,
+    observers_for: ObserversFor | None = None,
+    on_record: Callable[[dict[str, Any]], None] | None = None,
+    on_round: OnRound | None = None,
+    skip: Collection[tuple[str, str, int]] = (),
+) -> list[dict[str, Any]]:
+    """Run every job of ``plan``; returns their records (seed-major, then method
+    order). ``on_record`` sees each record as soon as it is finished (a run
+    saves it then), ``on_round`` a multi-round method's rounds so far; jobs whose ``(point label, method, seed)`` is in ``skip``
+    are not run (a resumed run finished them before). The partition heat map
+    of each seed's federation is written to the run directory."""
+    cfg, splits = plan.cfg, plan.splits
+    if rundir is not None and splits is not None:
+        rundir.event("data", source=cfg.data.source, train=len(splits.train), test=len(splits.test))
+    records = []
+    for ctx, jobs in plan.seeds:
+        if rundir is not None and ctx.federation is not None and splits is not None:
+            fed = ctx.federation
+            sizes = [len(i) for i in fed.client_indices]
+            rundir.event("federation", seed=ctx.run.seed, key=fed.key(), sizes=sizes)
+            _plot_partition(fed, splits.train, rundir.path)
+        for job in jobs:
+            label = run_context(job.method.name, job.seed, point)["point"]
+            if (label, job.method.name, job.seed) in skip:
+                continue
+            extra = observers_for(job.method.name, job.seed, ctx) if observers_for else ()
+            record = run_method(
+                cfg,
+                job,
+                ctx,
+                plan.runtime,
+                rundir=rundir,
+                point=point,
+                observers=extra,
+                on_round=on_round,
+            )
+            records.append(record)
+            if on_record is not None:
+                on_record(record)
+            if rundir is not None and on_record is not None:  # saved: no resume state needed
+                shutil.rmtree(
+                    state_dir(rundir, job.method.name, job.seed, label), ignore_errors=True
+                )
+    return records
+
+
 def run_experiment(
     cfg: ExperimentConfig,
     *,
@@ -109,46 +225,17 @@ def run_experiment(
     runtime: Runtime | None = None,
     progress: Progress | None = None,
 ) -> list[dict[str, Any]]:
-    """Every method × seed of ``cfg``; returns their records (in that order).
-
-    Every job is built and checked before the first one runs, so an
-    incompatible method (e.g. one that needs a ViT) fails at once.
-    ``runtime`` defaults to the config's; ``progress`` is the board long loops
-    report to; the partition heat map of each seed's federation is written to
-    the run directory.
-    """
-    methods = assembly.check_names(cfg)
-    splits = assembly.load_splits(cfg)
-    runtime = runtime or assembly.build_runtime(cfg)
-    if rundir is not None:
-        rundir.event("data", source=cfg.data.source, train=len(splits.train), test=len(splits.test))
-    plan: list[tuple[SeedContext, list[Job]]] = []
-    for seed in cfg.seeds:
-        ctx = assembly.seed_context(cfg, splits, seed, progress)
-        jobs = [assembly.build_job(cfg, name, ctx) for name in methods]
-        for job in jobs:
-            job.method.check()
-        plan.append((ctx, jobs))
-    records = []
-    for ctx, jobs in plan:
-        if rundir is not None:
-            fed = ctx.federation
-            sizes = [len(i) for i in fed.client_indices]
-            rundir.event("federation", seed=ctx.run.seed, key=fed.key(), sizes=sizes)
-            _plot_partition(fed, splits.train, rundir.path)
-        for job in jobs:
-            extra = observers_for(job.method.name, job.seed, ctx) if observers_for else ()
-            records.append(
-                run_method(cfg, job, ctx, runtime, rundir=rundir, point=point, observers=extra)
-            )
-    return records
+    """Every method × seed of ``cfg`` (:func:`plan_experiment`, then
+    :func:`execute_plan`); returns their records in that order."""
+    plan = plan_experiment(cfg, runtime=runtime, progress=progress)
+    return execute_plan(plan, rundir=rundir, point=point, observers_for=observers_for)
 
 
 def _plot_partition(fed: Any, train: ImageSet, root: Path) -> None:
+    """The clients' class-count heat map, one file per distinct federation
+    (``partition-seed<seed>-<key>.png``; its title names scheme, parameters, seed)."""
     from osfl.data.plot import plot_class_counts
 
-    path = root / f"partition-{fed.key()[:10]}.png"
+    path = root / f"partition-seed{fed.seed}-{fed.key()[:10]}.png"
     if not path.exists():
-        plot_class_counts(
-            fed, path, class_names=list(train.classes), title=f"{fed.scheme} {fed.params}"
-        )
+        plot_class_counts(fed, path, class_names=list(train.classes))

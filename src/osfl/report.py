@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -20,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from osfl import jsonio
+from osfl.errors import DataError
 from osfl.fl.upload import human_bytes
 
 SCHEMA_VERSION = 1
@@ -28,33 +31,71 @@ SCHEMA_VERSION = 1
 def write_metrics(
     path: str | Path, records: Sequence[Mapping[str, Any]], *, info: Mapping[str, Any]
 ) -> Path:
-    """``metrics.json``: ``{"schema_version", "osfl_version", "created", ..info, "records"}``."""
+    """``metrics.json``: ``{"schema_version", "osfl_version", "created", ..info, "records"}``,
+    written atomically (runs rewrite it after every finished record)."""
     from osfl import __version__
 
     doc = {
         "schema_version": SCHEMA_VERSION,
         "osfl_version": __version__,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine_info(),
         **dict(info),
         "records": list(records),
     }
     p = Path(path)
-    p.write_text(json.dumps(doc, indent=2, allow_nan=False, default=_jsonable) + "\n")
+    text = jsonio.dumps(doc, indent=2) + "\n"
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, p)  # atomic: a reader (or a crash) never sees half a file
     return p
 
 
-def _jsonable(x: Any) -> Any:
-    if isinstance(x, np.generic):
-        return x.item()
-    if isinstance(x, np.ndarray):
-        return x.tolist()
-    if hasattr(x, "tolist"):  # torch tensors
-        return x.tolist()
-    return str(x)
+def machine_info() -> dict[str, Any]:
+    """What a CPU result depends on besides the code and the seed: the torch
+    build, the CPU kernel path torch dispatches to (AVX2 and AVX-512 kernels sum
+    in different orders, so accuracies differ in the last digits), and torch's
+    thread count."""
+    import platform
+
+    import torch
+
+    return {
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+        "platform": platform.platform(terse=True),
+    }
 
 
 def read_metrics(path: str | Path) -> dict[str, Any]:
-    return json.loads(Path(path).read_text())
+    """A run's ``metrics.json``, checked enough that its readers cannot trip on
+    it: an object whose ``records`` is a list of objects, each with a string
+    ``method``, an integer ``seed`` and (if any) an object ``audit``. Anything
+    else is one :class:`DataError` naming the file and the record."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: damaged ({e})") from e
+    records = doc.get("records") if isinstance(doc, dict) else None
+    if not isinstance(records, list):
+        raise DataError(f"{path}: damaged (no list of records)")
+    for i, r in enumerate(records):
+        ok = (
+            isinstance(r, dict)
+            and isinstance(r.get("method"), str)
+            and isinstance(r.get("seed"), int)
+            and not isinstance(r.get("seed"), bool)
+            and isinstance(r.get("audit", {}), dict)
+            and isinstance(r.get("point", ""), str)
+        )
+        if not ok:
+            raise DataError(
+                f"{path}: damaged (record {i} lacks a method, seed or audit of its type)"
+            )
+    return doc
 
 
 # --------------------------------------------------------------------------- summary
@@ -87,6 +128,7 @@ class Row:
     bytes_up: Stat | None
     bytes_down: Stat | None
     time_s: Stat | None
+    warnings: tuple[str, ...] = ()
 
 
 def summarize(records: Sequence[Mapping[str, Any]]) -> list[Row]:
@@ -106,6 +148,11 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> list[Row]:
                 bytes_up=Stat.of([r.get("bytes_up") for r in recs]),
                 bytes_down=Stat.of([r.get("bytes_down") for r in recs]),
                 time_s=Stat.of([r.get("time_s", {}).get("total") for r in recs]),
+                warnings=tuple(
+                    dict.fromkeys(
+                        f"seed {r['seed']}: {w}" for r in recs for w in r.get("warnings", [])
+                    )
+                ),
             )
         )
     return rows
@@ -131,13 +178,25 @@ def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     with_local = any(r.local_accuracy is not None for r in rows)
     header = [*(["setting"] if with_point else []), "method", "seeds", "accuracy (%)"]
     header += [*(["local acc. (%)"] if with_local else []), "bytes up", "bytes down", "time (s)"]
+    with_notes = any(r.warnings for r in rows)
+    header += ["notes"] if with_notes else []
     cells = []
     for r in rows:
         line = [*([r.point] if with_point else []), r.method, str(len(r.seeds)), _pct(r.accuracy)]
         line += [*([_pct(r.local_accuracy)] if with_local else []), _bytes(r.bytes_up)]
         line += [_bytes(r.bytes_down), _secs(r.time_s)]
+        if with_notes:
+            n = len(r.warnings)
+            line.append(f"{n} warning{'s' * (n != 1)}, see below" if n else "")
         cells.append(line)
     return header, cells
+
+
+def warning_lines(rows: Sequence[Row]) -> list[str]:
+    """``method: warning`` lines of every row (what went wrong, with a hint)."""
+    return [
+        f"{r.method}{f' ({r.point})' if r.point else ''}: {w}" for r in rows for w in r.warnings
+    ]
 
 
 def rich_table(rows: Sequence[Row], title: str = "") -> Any:
@@ -172,31 +231,66 @@ def summary_markdown(rows: Sequence[Row], *, title: str, notes: Sequence[str] = 
         "`local` reports the mean accuracy of the clients' own models).",
         "",
     ]
+    warned = warning_lines(rows)
+    if warned:
+        lines += ["## Warnings", "", *[f"- {w}" for w in warned], ""]
     return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- plots
 def plot_curves(records: Sequence[Mapping[str, Any]], path: str | Path) -> Path | None:
-    """Test accuracy per round for multi-round records that carry a ``curve``;
-    ``None`` (no file) when no record has one."""
-    curves = [r for r in records if len(r.get("curve") or []) > 1]
-    if not curves:
+    """Test accuracy per round for multi-round records that carry a ``curve``:
+    one line per (grid point, method), the mean over seeds with a band of ±
+    one sample std where there are several; ``None`` (no file) when no record
+    has a curve."""
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for r in records:
+        if len(r.get("curve") or []) > 1:
+            groups.setdefault((str(r.get("point", "")), str(r["method"])), []).append(r)
+    if not groups:
         return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(6, 4), dpi=110, layout="constrained")
+    fig = Figure(figsize=(7, 4.2), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    for r in curves:
-        xs = [p["round"] + 1 for p in r["curve"]]
-        ys = [100 * p["accuracy"] for p in r["curve"]]
-        label = " ".join(x for x in (r["method"], r.get("point", ""), f"seed {r['seed']}") if x)
-        ax.plot(xs, ys, marker="o", markersize=3, label=label)
+    colours = _colours(len(groups))
+    for (point, method), recs in groups.items():
+        rounds = sorted({p["round"] for r in recs for p in r["curve"]})
+        table = np.full((len(recs), len(rounds)), np.nan)
+        for i, r in enumerate(recs):
+            for p in r["curve"]:
+                table[i, rounds.index(p["round"])] = 100 * p["accuracy"]
+        mean = np.nanmean(table, axis=0)
+        xs = [x + 1 for x in rounds]
+        label = f"{method} ({point})" if point else method
+        label += f", {len(recs)} seeds" if len(recs) > 1 else ""
+        colour = next(colours)
+        ax.plot(xs, mean, marker="o", markersize=3, color=colour, label=label)
+        if len(recs) > 1:
+            std = np.nanstd(table, axis=0, ddof=1)
+            ax.fill_between(xs, mean - std, mean + std, color=colour, alpha=0.18, linewidth=0)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")
+    ax.set_title("Test accuracy per round (mean ± std over seeds)", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     out = Path(path)
     fig.savefig(out)
     return out
+
+
+def _colours(n: int) -> Any:
+    """Distinct colours for ``n`` lines (tab10, then tab20, then a colormap sweep)."""
+    from matplotlib import colormaps
+
+    if n <= 10:
+        base = colormaps["tab10"].colors
+    elif n <= 20:
+        base = colormaps["tab20"].colors
+    else:
+        base = [colormaps["turbo"](i / max(1, n - 1)) for i in range(n)]
+    return iter(base)

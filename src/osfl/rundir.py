@@ -14,26 +14,76 @@ Layout (see ``docs/run-directory.md``)::
 
 from __future__ import annotations
 
-import json
 import logging
+import shutil
 import time
 from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
+from types import TracebackType
 from typing import Any
 
+from osfl import jsonio
 from osfl.errors import ConfigError
 from osfl.fl.observers import Observer
 
+log = logging.getLogger(__name__)
+
+#: What an osfl run writes; a directory holding one of them is a run directory.
+RUN_FILES = ("config.yaml", "metrics.json", "events.jsonl", "summary.md", "run.log")
+#: How a run treats its directory: a fresh one, replace an old run, or finish one.
+MODES = ("new", "overwrite", "resume")
+
+
+def is_run_dir(path: Path) -> bool:
+    return path.is_dir() and any((path / name).exists() for name in RUN_FILES)
+
+
+def prepare(path: Path, mode: str) -> None:
+    """Make ``path`` ready for a run in ``mode``; results are never overwritten
+    or mixed silently.
+
+    ``new``: the directory must not exist or be empty. ``overwrite``: an old
+    run directory there is deleted first (anything else non-empty is refused:
+    osfl deletes only what looks like its own). ``resume``: it must hold a run
+    (the caller finishes its missing records).
+    """
+    if mode not in MODES:
+        raise ConfigError(f"run directory mode must be one of {', '.join(MODES)}, got {mode!r}")
+    exists = path.exists()
+    if exists and not path.is_dir():
+        raise ConfigError(f"run directory {path} exists and is not a directory")
+    busy = exists and any(path.iterdir())
+    if mode == "new" and busy:
+        what = "an osfl run" if is_run_dir(path) else "files"
+        raise ConfigError(
+            f"run directory {path} already holds {what}: pass --resume {path} to finish an "
+            "interrupted run, --overwrite to replace it, or another --out"
+        )
+    if mode == "overwrite" and busy:
+        if not is_run_dir(path):
+            raise ConfigError(
+                f"{path} is not empty and is not an osfl run directory (no {RUN_FILES[0]}, "
+                f"{RUN_FILES[1]}, ...): refusing to delete it; give another --out"
+            )
+        log.warning("replacing the run in %s (--overwrite)", path)
+        shutil.rmtree(path)
+    if mode == "resume" and not (path / "config.yaml").is_file():
+        raise ConfigError(f"{path} holds no osfl run to resume (no config.yaml)")
+
 
 class RunDir:
-    """Creates the directory, owns ``run.log`` and ``events.jsonl``.
+    """Creates the directory (see :func:`prepare` for ``mode``), owns
+    ``run.log`` and ``events.jsonl``.
 
-    Use as a context manager so that the log handler is detached at the end.
+    Use as a context manager: the log handler is detached at the end, and a run
+    that stops on an exception says why in ``events.jsonl`` (``run_failed``)
+    and ``run.log`` before the exception goes on.
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, *, mode: str = "new"):
         self.path = Path(path)
+        prepare(self.path, mode)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -65,7 +115,7 @@ class RunDir:
     def event(self, kind: str, **fields: Any) -> None:
         """Append one event line: ``{"event", "t" (s since start), ...fields}``."""
         line = {"event": kind, "t": round(time.perf_counter() - self._t0, 4), **fields}
-        self._events.write(json.dumps(line, default=str, allow_nan=False) + "\n")
+        self._events.write(jsonio.dumps(line) + "\n")
         self._events.flush()
 
     def write_text(self, name: str, text: str) -> Path:
@@ -82,7 +132,21 @@ class RunDir:
     def __enter__(self) -> RunDir:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if exc is not None:
+            why = str(exc).splitlines()[0] if str(exc) else kind.__name__ if kind else "?"
+            reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else why
+            self.event("run_failed", error=type(exc).__name__, reason=reason)
+            log.error(
+                "run stopped: %s: %s (finished records are in metrics.json)",
+                type(exc).__name__,
+                reason,
+            )
         self.close()
 
 

@@ -250,6 +250,11 @@ class Federation:
         try:
             with os.fdopen(fd, "w") as f:
                 json.dump(self.to_dict(), f, separators=(",", ":"))
+            # mkstemp makes the file private (0600); a federation file is meant to be
+            # shared, so give it the permissions any new file of the user gets
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(tmp, 0o666 & ~umask)
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)

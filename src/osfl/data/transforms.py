@@ -460,25 +460,30 @@ class ColorJitter(Transform):
 
 
 def channel_stats(images: object, chunk: int = 4096) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """Per-channel mean and std of an ImageSet (or uint8 N×C×H×W tensor), in [0, 1] units.
+    """Per-channel mean and std of an ImageSet (or N×C×H×W tensor), in [0, 1] units.
 
-    Float64 sums over chunks: exact enough and bounded memory on 50,000 images.
+    For uint8 images the sums are exact integers (int64), so every process
+    computes the very same statistics whatever its thread count: they enter
+    the normalisation, hence every party's job digest, and a float sum split
+    across threads differs in its last bits. Other dtypes are summed in
+    float64 (bounded memory on 50,000 images either way).
     """
     x = getattr(images, "images", images)
     if not isinstance(x, torch.Tensor) or x.ndim != 4 or x.shape[0] == 0:
         raise DataError("channel_stats needs a non-empty ImageSet or N×C×H×W tensor")
     c = x.shape[1]
-    s = torch.zeros(c, dtype=torch.float64)
-    s2 = torch.zeros(c, dtype=torch.float64)
+    exact = x.dtype == torch.uint8
+    acc = torch.int64 if exact else torch.float64
+    s = torch.zeros(c, dtype=acc)
+    s2 = torch.zeros(c, dtype=acc)
     for i in range(0, x.shape[0], chunk):
-        v = x[i : i + chunk].to("cpu", torch.float64).transpose(0, 1).reshape(c, -1)
-        if x.dtype == torch.uint8:
-            v = v / 255.0
+        v = x[i : i + chunk].to("cpu", acc).transpose(0, 1).reshape(c, -1)
         s += v.sum(1)
         s2 += (v * v).sum(1)
     n = x.shape[0] * x.shape[2] * x.shape[3]
-    mean = s / n
-    std = (s2 / n - mean * mean).clamp(min=0).sqrt()
+    scale = 255.0 if exact else 1.0
+    mean = s.double() / n / scale
+    std = (s2.double() / n / scale**2 - mean * mean).clamp(min=0).sqrt()
     return tuple(mean.tolist()), tuple(std.tolist())
 
 
@@ -521,14 +526,26 @@ def _crop_flip(image_size: int | None, mean: Sequence[float], std: Sequence[floa
 
 @PIPELINES.register("simclr")
 def _simclr(image_size: int | None, mean: Sequence[float], std: Sequence[float]) -> Transform:
-    """SimCLR's views (Chen et al., 2020), as FAFI trains with: resized crop, flip,
+    """SimCLR's views (Chen et al., 2020): resized crop of area (0.08, 1), flip,
     jitter 0.4/0.4/0.4/0.1 with p=0.8, grayscale p=0.2."""
+    return simclr_pipeline(image_size, mean, std)
+
+
+def simclr_pipeline(
+    image_size: int | None,
+    mean: Sequence[float],
+    std: Sequence[float],
+    *,
+    crop_scale: tuple[float, float] = (0.08, 1.0),
+) -> Transform:
+    """The ``simclr`` views with the resized crop's area range ``crop_scale``:
+    (0.08, 1) is SimCLR's; (0.2, 1) is SupCon's and FAFI's public code's."""
     if image_size is None:
         raise ConfigError("the 'simclr' pipeline needs image_size")
     return Compose(
         [
             ToFloat(),
-            RandomResizedCrop(image_size),
+            RandomResizedCrop(image_size, scale=crop_scale),
             RandomHorizontalFlip(),
             RandomApply(ColorJitter(0.4, 0.4, 0.4, 0.1), p=0.8),
             RandomGrayscale(0.2),

@@ -13,7 +13,11 @@ Storage: ``<root>/<key>.safetensors`` (the state dict; never pickle) next to
 the training loss). Both are written to a temporary file and moved into place
 with ``os.replace``, so a crash or a concurrent writer never leaves a
 half-written entry; the weights file is written last and is what marks an
-entry as present.
+entry as present. The sidecar keeps the sha256 of the weights (and aux) file,
+checked on every read: a file that changed since it was written (a bit flip,
+a hand edit, negated weights that still parse), that does not parse, or whose
+tensors do not fit the model asking for it is a logged warning and a miss, so
+the client is retrained and the entry overwritten, never used silently.
 
 :func:`osfl.fl.client_training.train_client` is the cached path every method
 uses to train a client; this module is only the storage.
@@ -34,7 +38,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load, save
 
 from osfl.data.transforms import Transform
 from osfl.errors import ConfigError
@@ -43,8 +47,9 @@ __all__ = ["CACHE_FORMAT", "ClientCache", "canonical_json", "state_hash", "trans
 
 log = logging.getLogger(__name__)
 
-#: Bumped when the meaning of a cached entry changes, so old entries stop matching.
-CACHE_FORMAT = 1
+#: Bumped when the meaning of a cached entry changes, so old entries stop matching
+#: (2: the sidecar carries the sha256 of the files it describes).
+CACHE_FORMAT = 2
 
 
 def canonical_json(parts: Mapping[str, Any]) -> str:
@@ -102,15 +107,20 @@ class ClientCache:
         return self.root / f"{key}.safetensors", self.root / f"{key}.json"
 
     # --- storage ---------------------------------------------------------
-    def get(self, key: str) -> dict[str, torch.Tensor] | None:
-        """The stored state dict, or ``None`` (absent or unreadable entries are misses)."""
+    def get(
+        self, key: str, like: Mapping[str, torch.Tensor] | None = None
+    ) -> dict[str, torch.Tensor] | None:
+        """The stored state dict, or ``None``: a miss when the entry is absent,
+        unreadable, not the bytes its sidecar's sha256 names, or (``like``:
+        the state dict of the model that will load it) has other names,
+        shapes or dtypes. Every miss but an absent entry is logged as a warning."""
         weights, _ = self._paths(key)
-        state = None
-        if weights.exists():
-            try:
-                state = load_file(str(weights))
-            except (SafetensorError, OSError, ValueError) as e:
-                log.warning("cache entry %s is unreadable (%s); treating it as a miss", key[:12], e)
+        state = self._read(key, weights, "weights") if weights.exists() else None
+        if state is not None and like is not None:
+            why = _mismatch(state, like)
+            if why is not None:
+                log.warning("cache entry %s does not fit the model (%s); retraining", key[:12], why)
+                state = None
         with self._lock:
             if state is None:
                 self.misses += 1
@@ -118,12 +128,31 @@ class ClientCache:
                 self.hits += 1
         return state
 
-    def meta(self, key: str) -> dict[str, Any] | None:
-        """The JSON sidecar of an entry (its key parts and metadata), if present."""
-        _, sidecar = self._paths(key)
-        if not sidecar.exists():
+    def _read(self, key: str, path: Path, role: str) -> dict[str, torch.Tensor] | None:
+        """The tensors of ``path`` if its bytes are the ones the sidecar names."""
+        try:
+            blob = path.read_bytes()
+            want = ((self.meta(key) or {}).get("sha256") or {}).get(role)
+            if want != hashlib.sha256(blob).hexdigest():
+                why = "no sha256 in its sidecar" if want is None else "sha256 mismatch"
+                raise ValueError(f"{path.name}: {why}, the file changed after it was written")
+            return load(blob)
+        except (SafetensorError, OSError, ValueError, AttributeError) as e:
+            log.warning("cache entry %s is unusable (%s); treating it as a miss", key[:12], e)
             return None
-        return json.loads(sidecar.read_text())
+
+    def meta(self, key: str) -> dict[str, Any] | None:
+        """The JSON sidecar of an entry (its key parts and metadata), if present
+        and readable."""
+        _, sidecar = self._paths(key)
+        try:
+            meta = json.loads(sidecar.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            log.warning("cache entry %s: unreadable sidecar (%s)", key[:12], e)
+            return None
+        return meta if isinstance(meta, dict) else None
 
     def put(
         self,
@@ -132,36 +161,33 @@ class ClientCache:
         meta: Mapping[str, Any] | None = None,
         aux: Mapping[str, torch.Tensor] | None = None,
     ) -> None:
-        """Store ``state_dict`` (moved to CPU, de-aliased) and a JSON sidecar, atomically.
+        """Store ``state_dict`` (moved to CPU, de-aliased) and a JSON sidecar
+        with the files' sha256, atomically (sidecar, then aux, then weights).
 
         ``aux``: tensors that belong to the entry but not to the model (e.g. the
         labels of every local step, the ground truth of privacy audits), kept in
         ``<key>.aux.safetensors`` and read back with :meth:`aux`.
         """
         weights, sidecar = self._paths(key)
-        text = json.dumps(dict(meta or {}), sort_keys=True, indent=2, default=str)
+        blobs = {"weights": save(_cpu_copies(state_dict))}
+        if aux:
+            blobs["aux"] = save(_cpu_copies(aux))
+        sums = {role: hashlib.sha256(b).hexdigest() for role, b in blobs.items()}
+        text = json.dumps({**dict(meta or {}), "sha256": sums}, sort_keys=True, indent=2, default=str)
         self._atomic_write(sidecar, lambda p: Path(p).write_text(text))
         if aux:
-            aux_cpu = _cpu_copies(aux)
-            self._atomic_write(self._aux_path(key), lambda p: save_file(aux_cpu, p))
+            self._atomic_write(self._aux_path(key), lambda p: Path(p).write_bytes(blobs["aux"]))
         else:  # re-putting an entry must not leave a stale aux file behind
             self._aux_path(key).unlink(missing_ok=True)
-        tensors = _cpu_copies(state_dict)
-        self._atomic_write(weights, lambda p: save_file(tensors, p))
+        self._atomic_write(weights, lambda p: Path(p).write_bytes(blobs["weights"]))
 
     def _aux_path(self, key: str) -> Path:
         return self._paths(key)[0].with_suffix(".aux.safetensors")
 
     def aux(self, key: str) -> dict[str, torch.Tensor] | None:
-        """The entry's auxiliary tensors (see :meth:`put`), if any."""
+        """The entry's auxiliary tensors (see :meth:`put`), if any and intact."""
         path = self._aux_path(key)
-        if not path.exists():
-            return None
-        try:
-            return load_file(str(path))
-        except (SafetensorError, OSError, ValueError) as e:
-            log.warning("cache entry %s: unreadable aux file (%s)", key[:12], e)
-            return None
+        return self._read(key, path, "aux") if path.exists() else None
 
     def _atomic_write(self, dest: Path, write: Callable[[str], object]) -> None:
         fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{dest.name}.", suffix=".tmp")
@@ -174,7 +200,10 @@ class ClientCache:
             raise
 
     def get_or_train(
-        self, parts: Mapping[str, Any], train: Callable[[], Mapping[str, torch.Tensor]]
+        self,
+        parts: Mapping[str, Any],
+        train: Callable[[], Mapping[str, torch.Tensor]],
+        like: Mapping[str, torch.Tensor] | None = None,
     ) -> tuple[dict[str, torch.Tensor], bool]:
         """``(state_dict, hit)``: the cached weights for ``parts``, or ``train()``'s, stored.
 
@@ -182,7 +211,7 @@ class ClientCache:
         in the sidecar so that ``ls`` + ``cat`` tell what each entry is.
         """
         key = self.key(**parts)
-        state = self.get(key)
+        state = self.get(key, like)
         if state is not None:
             log.debug("client cache hit %s", key[:12])
             return state, True
@@ -211,6 +240,18 @@ class ClientCache:
 
     def __repr__(self) -> str:
         return f"ClientCache({str(self.root)!r}, entries={len(self)}, hits={self.hits}, misses={self.misses})"
+
+
+def _mismatch(state: Mapping[str, torch.Tensor], like: Mapping[str, torch.Tensor]) -> str | None:
+    """Why ``state`` cannot be loaded where ``like`` is expected (``None``: it can)."""
+    if set(state) != set(like):
+        odd = sorted(set(state) ^ set(like))
+        return f"tensor names differ, e.g. {odd[0]!r}"
+    for name, want in like.items():
+        got = state[name]
+        if got.shape != want.shape or got.dtype != want.dtype:
+            return f"{name}: {got.dtype}{tuple(got.shape)}, expected {want.dtype}{tuple(want.shape)}"
+    return None
 
 
 def transform_key(transform: object | None) -> Any:

@@ -26,6 +26,7 @@ from osfl.fl.training import (
     TrainStats,
     init_model,
     replay_step_labels,
+    report_training_warnings,
     train_local,
 )
 
@@ -122,11 +123,13 @@ def train_client(
     }
     cache = run.cache
     key = cache.key(**parts)
-    state = cache.get(key)
+    state = cache.get(key, like=model.state_dict())
     if state is not None:
         model.load_state_dict(state)
         log.info("client %d: trained weights from the cache (%s)", ctx.client_id, key[:12])
         _replay_step_labels(cache.aux(key))
+        stats = (cache.meta(key) or {}).get("stats") or {}
+        report_training_warnings([str(w) for w in stats.get("warnings") or ()])
         return model.eval()
     stats = fit(lambda step, x, y: step_labels.append(y.detach()))
     aux = None

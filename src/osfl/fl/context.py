@@ -24,7 +24,9 @@ import torch
 from torch import nn
 
 from osfl.fl.progress import Progress
+from osfl.fl.secagg_config import SecAggPlusConfig
 from osfl.fl.seeds import derive_seed
+from osfl.fl.server_config import ServerConfig
 from osfl.fl.upload import Message
 
 if TYPE_CHECKING:
@@ -37,10 +39,14 @@ __all__ = ["ClientContext", "ClientState", "ModelSpec", "RunContext", "derive_se
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A registered model name and its keyword arguments (``num_classes`` is the task's)."""
+    """A registered model name and its keyword arguments (``num_classes`` is the
+    task's; ``kwargs["pretrained"]`` a checkpoint to start from, whose content
+    hash ``weights_sha256`` is part of the spec's identity: a path names a
+    file, the hash names the weights)."""
 
     name: str
     kwargs: Mapping[str, Any] = field(default_factory=dict)
+    weights_sha256: str | None = None
 
     def build(self, num_classes: int) -> nn.Module:
         from osfl.models import create_model
@@ -49,19 +55,28 @@ class ModelSpec:
 
     def build_meta(self, num_classes: int) -> nn.Module:
         """The model on the ``meta`` device: its structure (types, shapes, names)
-        without allocating or initialising weights, for checks."""
+        without allocating or initialising weights (nor reading a checkpoint),
+        for checks."""
+        from osfl.models import create_model
+
+        kwargs = {k: v for k, v in self.kwargs.items() if k != "pretrained"}
         with torch.device("meta"):
-            return self.build(num_classes)
+            return create_model(self.name, num_classes=num_classes, **kwargs)
 
     def key(self) -> dict[str, Any]:
-        return {"name": self.name, "kwargs": dict(sorted(self.kwargs.items()))}
+        key = {"name": self.name, "kwargs": dict(sorted(self.kwargs.items()))}
+        if self.weights_sha256 is not None:
+            key["weights_sha256"] = self.weights_sha256
+        return key
 
 
 @dataclass
 class RunContext:
     """What every party knows before round 0: the task, the model, the local
-    training recipe, the transforms, the seed, the device, the cache, and the
-    progress board long loops report to.
+    training recipe, the transforms, the seed, the device, the cache, the
+    progress board long loops report to, the server's public rules (robust
+    aggregation, member screening, upload limits: ``server``) and the class
+    names the parties agreed on.
 
     It is the same object on the server and on each client in simulation; under
     Flower each process builds an equal one from the same config.
@@ -78,6 +93,9 @@ class RunContext:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     cache: ClientCache | None = None
     progress: Progress = field(default_factory=Progress)
+    server: ServerConfig = field(default_factory=ServerConfig)
+    secagg: SecAggPlusConfig = field(default_factory=SecAggPlusConfig)
+    classes: tuple[str, ...] = ()  # the class names in label order, where known
 
 
 class ClientState(Message):

@@ -47,9 +47,11 @@ class EvalResult:
     num_samples: int
     mean_client_accuracy: float | None = None
     client_accuracies: tuple[float, ...] | None = None
+    nonfinite_outputs: int = 0
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-able, with the accuracy clearly named ``global_test_accuracy``."""
+        """JSON-able, with the accuracy clearly named ``global_test_accuracy``;
+        non-finite scores become a warning (the images count as wrong)."""
         d: dict[str, Any] = {
             "global_test_accuracy": self.accuracy,
             "per_class_accuracy": list(self.per_class_accuracy),
@@ -58,6 +60,12 @@ class EvalResult:
         if self.client_accuracies is not None:
             d["mean_client_accuracy"] = self.mean_client_accuracy
             d["client_accuracies"] = list(self.client_accuracies)
+        if self.nonfinite_outputs:
+            d["nonfinite_outputs"] = self.nonfinite_outputs
+            d["warnings"] = [
+                f"the predictor gave non-finite scores (NaN/Inf) for {self.nonfinite_outputs} "
+                f"test image(s); they count as wrong, not as class 0"
+            ]
         return d
 
 
@@ -78,9 +86,11 @@ def correct_per_class(
     transform: Transform | None = None,
     device: torch.device | str = "cpu",
     batch_size: int = 512,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(correct, total)``: correct predictions per (model, class), shape M×K
-    (int64), and test samples per class, shape K.
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(correct, total, nonfinite)``: correct predictions per (model, class),
+    shape M×K (int64), test samples per class, shape K, and per model the
+    number of images whose scores are not all finite (never counted correct:
+    ``argmax`` of a NaN row would say class 0).
 
     Each model is put in eval mode for the pass and its previous mode restored.
     """
@@ -94,6 +104,7 @@ def correct_per_class(
     for m in models:
         m.to(device).eval()
     correct = torch.zeros(len(models), k, dtype=torch.int64, device=device)
+    nonfinite = torch.zeros(len(models), dtype=torch.int64, device=device)
     try:
         for start in range(0, len(test), batch_size):
             xb = test.images[start : start + batch_size].to(device, non_blocking=True)
@@ -106,13 +117,15 @@ def correct_per_class(
                         f"predictor returned shape {tuple(scores.shape)}, expected (B, {k}) "
                         "class scores; build the model with num_classes of the test set"
                     )
-                hit = scores.argmax(dim=1) == yb
+                finite = torch.isfinite(scores).all(dim=1)
+                hit = (scores.argmax(dim=1) == yb) & finite
                 correct[i] += torch.bincount(yb[hit], minlength=k)
+                nonfinite[i] += (~finite).sum()
     finally:
         for m, mode in zip(models, modes, strict=True):
             m.train(mode)
     total = torch.bincount(test.labels, minlength=k)
-    return correct.cpu(), total
+    return correct.cpu(), total, nonfinite.cpu()
 
 
 def evaluate(
@@ -131,8 +144,9 @@ def evaluate(
     models = _models_of(predictor)
     if not models:
         raise ConfigError("nothing to evaluate: the predictor holds no models")
-    correct, total = correct_per_class(models, test, transform, device, batch_size)
+    correct, total, nonfinite = correct_per_class(models, test, transform, device, batch_size)
     n = int(total.sum())
+    bad = int(nonfinite.sum())
     present = total > 0
     accs = (correct.sum(dim=1).double() / n).tolist()
     per_class = correct.double() / total.clamp(min=1).double()  # M×K
@@ -142,8 +156,8 @@ def evaluate(
     )
     if isinstance(predictor, PerClientPredictor):
         mean = float(np.mean(accs))
-        return EvalResult(mean, per_class_list, n, mean, tuple(accs))
-    return EvalResult(accs[0], per_class_list, n)
+        return EvalResult(mean, per_class_list, n, mean, tuple(accs), nonfinite_outputs=bad)
+    return EvalResult(accs[0], per_class_list, n, nonfinite_outputs=bad)
 
 
 def local_test_accuracy(
@@ -177,7 +191,7 @@ def local_test_accuracy(
         raise ConfigError(
             f"{len(models)} client models but class_counts has {counts.shape[0]} clients"
         )
-    correct, total = correct_per_class(models, test, transform, device, batch_size)
+    correct, total, _ = correct_per_class(models, test, transform, device, batch_size)
     present = (total > 0).numpy()
     acc = (correct.double() / total.clamp(min=1).double()).numpy()  # M×K
     out = []

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext, RunContext
 from osfl.fl.upload import Broadcast, Upload, UploadSpec
 from osfl.registry import Registry
@@ -80,6 +81,9 @@ class Method(ABC):
     default_run: ClassVar[bool] = False
     default_order: ClassVar[int] = 100
     smoke: ClassVar[tuple[str, ...]] = ()
+    #: Whether :meth:`release` gives a final state the sites may evaluate
+    #: (real sites without a server test set evaluate the predictor locally).
+    site_evaluation: ClassVar[bool] = False
 
     def __init__(self, config: Any, run: RunContext):
         self.config = config
@@ -100,6 +104,12 @@ class Method(ABC):
         :class:`~osfl.errors.ConfigError`, before any client trains."""
         return None
 
+    def starts_from(self) -> str | None:
+        """The registered method whose result this one starts from and should
+        improve on (e.g. ``"fedavg"`` for a server that fine-tunes the clients'
+        average), or ``None``; the contract tests hold it to that."""
+        return None
+
     # --- the protocol ----------------------------------------------------
     @abstractmethod
     def init_state(self) -> Any:
@@ -118,6 +128,12 @@ class Method(ABC):
     def upload_spec(self, state: Any, round: int, client: int) -> UploadSpec:
         """What client ``client``'s upload of ``round`` must look like (checked
         before ``aggregate``; a refused upload never reaches it)."""
+
+    def screen(self, state: Any, round: int, client: int, upload: Upload) -> str | None:
+        """Why a valid upload must still be refused (``None``: accept it): a check
+        its spec cannot express, e.g. a member model whose outputs are not finite
+        (``server.member_filter``). A refusal here is recorded like any other."""
+        return None
 
     @abstractmethod
     def aggregate(self, state: Any, uploads: Mapping[int, Upload], round: int) -> Any:
@@ -147,6 +163,27 @@ class Method(ABC):
     def artifacts(self, state: Any) -> dict[str, torch.Tensor]:
         """Tensors of a finished run worth keeping (e.g. a synthetic pool)."""
         return {}
+
+    @property
+    def secure_weighting(self) -> str | None:
+        """How the server weights the clients when it may only see their sum
+        (Flower's SecAgg+, docs/secure-aggregation.md): a name in
+        ``SECURE_WEIGHTINGS`` (``data_size``, ``uniform``), or ``None`` when
+        the method needs every client's upload (ensembles, distillation,
+        per-client server state), so it refuses secure aggregation."""
+        return None
+
+    def release(self, state: Any) -> Any:
+        """The part of the final ``state`` that ``predictor`` needs and that
+        every site may see: what the server sends the sites to evaluate when
+        it holds no test set of its own. It must not carry what the server
+        learnt about individual clients beyond the predictor itself (SCAFFOLD's
+        per-client control variates, EFTViT's per-client histograms). Methods
+        that implement it set ``site_evaluation``."""
+        raise ConfigError(
+            f"{self.name} cannot send its final model to the sites for evaluation; "
+            "give the server a test set (run config 'server-test')"
+        )
 
 
 class MethodWrapper(Method):
@@ -184,6 +221,9 @@ class MethodWrapper(Method):
     def check(self) -> None:
         self.inner.check()
 
+    def starts_from(self) -> str | None:
+        return self.inner.starts_from()
+
     def init_state(self) -> Any:
         return self.inner.init_state()
 
@@ -195,6 +235,9 @@ class MethodWrapper(Method):
 
     def upload_spec(self, state: Any, round: int, client: int) -> UploadSpec:
         return self.inner.upload_spec(state, round, client)
+
+    def screen(self, state: Any, round: int, client: int, upload: Upload) -> str | None:
+        return self.inner.screen(state, round, client, upload)
 
     def aggregate(self, state: Any, uploads: Mapping[int, Upload], round: int) -> Any:
         return self.inner.aggregate(state, uploads, round)
@@ -215,6 +258,17 @@ class MethodWrapper(Method):
 
     def artifacts(self, state: Any) -> dict[str, torch.Tensor]:
         return self.inner.artifacts(state)
+
+    @property
+    def site_evaluation(self) -> bool:  # type: ignore[override]
+        return self.inner.site_evaluation
+
+    @property
+    def secure_weighting(self) -> str | None:
+        return self.inner.secure_weighting
+
+    def release(self, state: Any) -> Any:
+        return self.inner.release(state)
 
 
 def round_half_up(x: float) -> int:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from osfl.errors import DataError
@@ -114,30 +115,51 @@ class Observation:
 
     @classmethod
     def load(cls, dir: str | Path) -> Observation:
-        """Read an observation written by :meth:`save` (safetensors + JSON only)."""
+        """Read an observation written by :meth:`save` (safetensors + JSON only).
+
+        The directory may come from anyone (``osfl audit`` on a shared run):
+        any damage — truncated or bit-flipped files, wrong types in the JSON,
+        a missing file — is one :class:`~osfl.errors.DataError` naming the file.
+        """
         src = Path(dir)
         doc_path = src / _JSON
         if not doc_path.exists():
             raise DataError(f"{src} is not an observation directory (no {_JSON})")
+        try:
+            return cls._read(src, doc_path)
+        except DataError:
+            raise
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, SafetensorError) as e:
+            raise DataError(f"{src}: damaged observation ({type(e).__name__}: {e})") from e
+
+    @classmethod
+    def _read(cls, src: Path, doc_path: Path) -> Observation:
         doc = json.loads(doc_path.read_text())
-        bpath = (src / doc["broadcast"]).resolve()
+        if not isinstance(doc, dict):
+            raise DataError(f"{doc_path}: not a JSON object")
+        bpath = (src / str(doc["broadcast"])).resolve()
         # the reference is ours, but the directory may come from anyone: stay inside it
         if not bpath.is_relative_to(src.resolve().parent):
             raise DataError(f"{doc_path}: broadcast path {doc['broadcast']!r} leaves the run")
         truth = doc.get("truth")
+        if truth is not None and not isinstance(truth, dict):
+            raise DataError(f"{doc_path}: truth must be an object")
         if (src / _TRUTH).exists():
             truth = {**(truth or {}), **load_file(str(src / _TRUTH))}
         upload = load_file(str(src / _UPLOAD))
         history = load_file(str(src / _HISTORY)) if (src / _HISTORY).exists() else {}
         # recordings made before `history` had its own file kept it in the upload
         history.update({k: upload.pop(k) for k in list(upload) if k.startswith(HISTORY_PREFIX)})
+        meta, hparams = doc.get("upload_meta") or {}, doc.get("hparams") or {}
+        if not isinstance(meta, dict) or not isinstance(hparams, dict):
+            raise DataError(f"{doc_path}: upload_meta and hparams must be objects")
         return cls(
             client_id=int(doc["client_id"]),
             round=int(doc["round"]),
             broadcast=load_file(str(bpath)) if bpath.exists() else {},
             upload=upload,
-            upload_meta=doc.get("upload_meta") or {},
-            hparams=doc.get("hparams") or {},
+            upload_meta=meta,
+            hparams=hparams,
             truth=truth,
             history=history,
         )

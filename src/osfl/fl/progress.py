@@ -38,13 +38,20 @@ class ProgressTask:
 
 
 class Progress:
-    """The silent board: every :meth:`task` is a no-op bar."""
+    """The silent board: every :meth:`task` is a no-op bar. A board is a
+    context manager (a live display runs while it is entered)."""
 
     enabled: bool = False
 
     def task(self, description: str, total: float | None = None) -> ProgressTask:
         """A new bar of ``total`` units (``None``: unknown length)."""
         return ProgressTask()
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
 
 
 class _RichTask(ProgressTask):

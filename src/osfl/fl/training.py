@@ -69,6 +69,31 @@ def record_step_labels() -> Iterator[list[torch.Tensor]]:
         _STEP_LABELS.reset(token)
 
 
+#: Warnings of every :func:`train_local` run under :func:`collect_training_warnings`.
+_WARNINGS: ContextVar[list[str] | None] = ContextVar("osfl_train_warnings", default=None)
+
+
+@contextmanager
+def collect_training_warnings() -> Iterator[list[str]]:
+    """Collect what local training run inside the block said was wrong (a loss
+    that diverged or rose, a client that did not learn its own data), so that
+    a runtime can put it in the run's record instead of only in a log line."""
+    found: list[str] = []
+    token = _WARNINGS.set(found)
+    try:
+        yield found
+    finally:
+        _WARNINGS.reset(token)
+
+
+def report_training_warnings(warnings: Sequence[str]) -> None:
+    """Hand warnings to the active :func:`collect_training_warnings` block (a
+    client-cache hit reports what its training said)."""
+    found = _WARNINGS.get()
+    if found is not None:
+        found.extend(warnings)
+
+
 def replay_step_labels(labels: Sequence[torch.Tensor]) -> None:
     """Hand recorded per-step label batches to the active :func:`record_step_labels`
     block, if any (a client-cache hit reports the steps its training took)."""
@@ -79,7 +104,11 @@ def replay_step_labels(labels: Sequence[torch.Tensor]) -> None:
 
 @dataclass(frozen=True)
 class TrainStats:
-    """What one call of :func:`train_local` did."""
+    """What one call of :func:`train_local` did. ``first_loss`` / ``final_loss``:
+    the mean loss of the first and of the last epoch (or of as many steps);
+    ``train_accuracy``: the accuracy on the client's own batches during the
+    last epoch (``None`` for a custom ``loss_fn``); ``warnings``: what looked
+    wrong (:func:`training_health`)."""
 
     steps: int
     samples: int
@@ -87,9 +116,42 @@ class TrainStats:
     mean_loss: float
     last_loss: float
     seconds: float
+    first_loss: float = math.nan
+    final_loss: float = math.nan
+    train_accuracy: float | None = None
+    warnings: tuple[str, ...] = ()
 
-    def as_dict(self) -> dict[str, float | int]:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+#: Below this accuracy on its own training data a client is flagged as not having learned.
+MIN_TRAIN_ACCURACY = 0.5
+LR_HINT = "lower the learning rate (train.lr) or set train.grad_clip"
+
+
+def training_health(
+    first_loss: float, final_loss: float, train_accuracy: float | None, epochs: float
+) -> tuple[str, ...]:
+    """What a finished local training says about itself: a loss that is not
+    finite, a loss that rose from the first epoch to the last, or an accuracy
+    on the client's own data under :data:`MIN_TRAIN_ACCURACY` (each with the
+    usual remedy). Training for a fraction of an epoch is not judged."""
+    found = []
+    if not (math.isfinite(first_loss) and math.isfinite(final_loss)):
+        found.append(f"local training diverged (loss {final_loss}); {LR_HINT}")
+        return tuple(found)
+    if epochs >= 2 and final_loss > first_loss:
+        found.append(
+            f"the local loss rose from {first_loss:.3g} (first epoch) to {final_loss:.3g} "
+            f"(last); {LR_HINT}"
+        )
+    if train_accuracy is not None and epochs >= 1 and train_accuracy < MIN_TRAIN_ACCURACY:
+        found.append(
+            f"did not learn its own data: {100 * train_accuracy:.0f}% accuracy on its training "
+            f"batches in the last epoch; {LR_HINT}"
+        )
+    return tuple(found)
 
 
 def _autocast_dtype() -> torch.dtype:
@@ -121,9 +183,7 @@ class _Stepper:
             term.setup(model, self.optimizer)
         use_amp = cfg.amp and device.type == "cuda"
         dtype = _autocast_dtype() if use_amp else torch.float32
-        self.scaler = (
-            torch.amp.GradScaler("cuda") if use_amp and dtype == torch.float16 else None
-        )
+        self.scaler = torch.amp.GradScaler("cuda") if use_amp and dtype == torch.float16 else None
         # hooks and clipping must see true gradients, so unscale fp16 grads before them
         self.unscale = self.scaler is not None and (cfg.grad_clip is not None or bool(terms))
         # entering a disabled autocast still costs a few calls per step: skip it on CPU
@@ -131,22 +191,28 @@ class _Stepper:
             (lambda: torch.autocast(device.type, dtype=dtype)) if use_amp else nullcontext
         )
 
-    def loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def loss(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The step's loss and, for the default cross-entropy, the logits."""
+        logits = None
         with self.autocast():
             model = self.model
-            loss = (
-                self.loss_fn(model, x, y)
-                if self.loss_fn is not None
-                else F.cross_entropy(model(x), y)
-            )
+            if self.loss_fn is not None:
+                loss = self.loss_fn(model, x, y)
+            else:
+                logits = model(x)
+                loss = F.cross_entropy(logits, y)
             for term in self.terms:
                 extra = term.extra_loss(model)
                 if extra is not None:
                     loss = loss + extra
-        return loss
+        return loss, logits
 
-    def __call__(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = self.loss(x, y)
+    def __call__(
+        self, x: torch.Tensor, y: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """One step; returns the (detached) loss and logits (``None`` for a
+        custom loss)."""
+        loss, logits = self.loss(x, y)
         self.optimizer.zero_grad(set_to_none=True)
         (loss if self.scaler is None else self.scaler.scale(loss)).backward()
         if self.unscale:
@@ -164,7 +230,7 @@ class _Stepper:
             self.schedule.step()
         for term in self.terms:
             term.after_step(self.model)
-        return loss.detach()
+        return loss.detach(), None if logits is None else logits.detach()
 
 
 def _loader(
@@ -223,7 +289,12 @@ def train_local(
     model.to(device).train()
     stepper = _Stepper(model, cfg, total, device, terms, loss_fn)
     tap = _STEP_LABELS.get()
+    per_epoch = min(len(loader), total)
     loss_sum = torch.zeros((), device=device)
+    first = torch.zeros((), device=device)  # loss summed over the first epoch's steps
+    final = torch.zeros((), device=device)  # ... over the last epoch's
+    correct = torch.zeros((), dtype=torch.int64, device=device)  # last epoch, CE only
+    seen = 0
     last = loss_sum
     step = samples = 0
     start = time.perf_counter()
@@ -231,8 +302,15 @@ def train_local(
         while step < total:
             for xb, yb in loader:
                 x = transform(xb, generator) if transform is not None else xb.float() / 255
-                last = stepper(x, yb)
+                last, logits = stepper(x, yb)
                 loss_sum += last
+                if step < per_epoch:
+                    first += last
+                if step >= total - per_epoch:
+                    final += last
+                    if logits is not None:
+                        correct += (logits.argmax(dim=1) == yb).sum()
+                        seen += yb.shape[0]
                 samples += yb.shape[0]
                 if on_batch is not None:
                     on_batch(step, x, yb)
@@ -242,16 +320,24 @@ def train_local(
                 bar.advance(step, last)
                 if step >= total:
                     break
-    mean_loss = float(loss_sum) / max(step, 1)
-    if not math.isfinite(mean_loss):
-        log.warning("local training diverged: mean loss %s (lower lr or set grad_clip)", mean_loss)
+    epochs = step / len(loader)
+    first_loss, final_loss = float(first) / per_epoch, float(final) / per_epoch
+    train_accuracy = float(correct) / seen if seen else None
+    warnings = training_health(first_loss, final_loss, train_accuracy, epochs)
+    for w in warnings:
+        log.warning("%s: %s", description, w)
+    report_training_warnings(warnings)
     return TrainStats(
         steps=step,
         samples=samples,
-        epochs=step / len(loader),
-        mean_loss=mean_loss,
+        epochs=epochs,
+        mean_loss=float(loss_sum) / max(step, 1),
         last_loss=float(last),
         seconds=time.perf_counter() - start,
+        first_loss=first_loss,
+        final_loss=final_loss,
+        train_accuracy=train_accuracy,
+        warnings=warnings,
     )
 
 

@@ -23,7 +23,8 @@ from safetensors.torch import save as st_save
 
 from osfl.errors import UploadError
 
-_META_KEY = "osfl_meta"
+#: The safetensors header key that carries a message's JSON metadata.
+META_KEY = "osfl_meta"
 
 
 @dataclass
@@ -40,7 +41,7 @@ class Message:
             meta = json.dumps(self.meta, sort_keys=True, allow_nan=False)
         except (TypeError, ValueError) as e:
             raise UploadError(f"metadata is not JSON-serialisable: {e}", field="meta") from e
-        return st_save(tensors, metadata={_META_KEY: meta})
+        return st_save(tensors, metadata={META_KEY: meta})
 
     @classmethod
     def from_bytes(cls, data: bytes, *, client: int | str | None = None) -> Message:
@@ -49,10 +50,15 @@ class Message:
             tensors = st_load(bytes(data))
             header_len = int.from_bytes(data[:8], "little")
             header = json.loads(data[8 : 8 + header_len])
-            meta_raw = (header.get("__metadata__") or {}).get(_META_KEY, "{}")
-            meta = json.loads(meta_raw)
+            meta_raw = (header.get("__metadata__") or {}).get(META_KEY, "{}")
         except Exception as e:  # safetensors raises several error types
-            raise UploadError(f"not a valid safetensors message: {e}", client=client) from e
+            raise UploadError(
+                f"not a valid safetensors message: {e}", client=client, field="*"
+            ) from e
+        try:
+            meta = json.loads(meta_raw)
+        except (TypeError, ValueError) as e:
+            raise UploadError(f"metadata is not JSON: {e}", client=client, field="meta") from e
         if not isinstance(meta, dict):
             raise UploadError("metadata must be a JSON object", client=client, field="meta")
         return cls(tensors=dict(tensors), meta=meta)
@@ -74,13 +80,24 @@ class Broadcast(Message):
     """The server's message to the clients of one round."""
 
 
+#: One dimension of a TensorSpec's shape: a size, ``None`` (any), the name of an
+#: integer metadata value, or ``(name, i)``: item ``i`` of an ``int_list`` one.
+Dim = int | None | str | tuple[str, int]
+
+
 @dataclass(frozen=True)
 class TensorSpec:
-    """Expected shape (``None`` = any size in that dimension) and dtype of one tensor."""
+    """Expected shape and dtype of one tensor, whether it must be finite, and an
+    optional value range (``low`` / ``high``, inclusive: e.g. a BatchNorm
+    ``running_var`` is never negative). A dimension may be ``None`` (any size)
+    or tie the size to the upload's metadata (see :data:`Dim`): EFTViT's
+    ``features.<c>`` has ``meta.counts[c]`` rows."""
 
-    shape: tuple[int | None, ...] | None = None
+    shape: tuple[Dim, ...] | None = None
     dtype: torch.dtype | None = None
     finite: bool = True
+    low: float | None = None
+    high: float | None = None
 
 
 def _is_int(v: Any) -> bool:
@@ -105,14 +122,16 @@ _META_KINDS: dict[str, tuple[Any, str]] = {
 class MetaSpec:
     """One metadata value: its ``kind`` (``int``, ``real``, ``str``, ``bool``,
     ``int_list``), inclusive bounds ``low``/``high`` (for a list: of every
-    item), a list's exact ``length``, and ``sum_of``: the name of an ``int``
-    key the list must sum to (per-class counts that add up to the sample count)."""
+    item), a list's exact ``length``, ``sum_of``: the name of an ``int`` key
+    the list must sum to (per-class counts that add up to the sample count),
+    and ``choices``: the values a ``str`` may take."""
 
     kind: str = "int"
     low: float | None = None
     high: float | None = None
     length: int | None = None
     sum_of: str | None = None
+    choices: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in _META_KINDS:
@@ -129,6 +148,8 @@ class MetaSpec:
         for x in items if self.kind in ("int", "real", "int_list") else ():
             if (self.low is not None and x < self.low) or (self.high is not None and x > self.high):
                 return f"{x} lies outside [{self.low}, {self.high}]"
+        if self.choices is not None and value not in self.choices:
+            return f"{value!r} is not one of {', '.join(self.choices)}"
         if self.sum_of is not None and sum(items) != meta.get(self.sum_of):
             return f"sums to {sum(items)}, not to meta.{self.sum_of}={meta.get(self.sum_of)!r}"
         return None
@@ -153,6 +174,36 @@ class UploadSpec:
     allow_extra: bool = False
     max_bytes: int | None = None
     meta: Mapping[str, MetaSpec] = field(default_factory=dict)
+    variants: Mapping[str, UploadSpec] = field(default_factory=dict)
+    variant_key: str | None = None
+
+    def variant(self, name: str) -> UploadSpec:
+        """This spec merged with its variant ``name`` (tensors, optional keys and
+        metadata of both; the variant key itself a string that must be ``name``)."""
+        v = self.variants[name]
+        key = {self.variant_key: MetaSpec("str", choices=(name,))} if self.variant_key else {}
+        return UploadSpec(
+            tensors={**self.tensors, **v.tensors},
+            optional={**self.optional, **v.optional},
+            allow_extra=self.allow_extra or v.allow_extra,
+            max_bytes=v.max_bytes if v.max_bytes is not None else self.max_bytes,
+            meta={**self.meta, **v.meta, **key},
+        )
+
+    def resolve(self, meta: Mapping[str, Any], *, client: int | str | None = None) -> UploadSpec:
+        """The exact spec of an upload with this ``meta``: itself, or, for a spec
+        with variants (an upload that takes one of several forms, e.g. FALCON's
+        sequences *or* generator), the variant its ``meta[variant_key]`` names."""
+        if not self.variants:
+            return self
+        chosen = meta.get(self.variant_key) if self.variant_key else None
+        if not isinstance(chosen, str) or chosen not in self.variants:
+            raise UploadError(
+                f"must name its form, one of {', '.join(sorted(self.variants))}; got {chosen!r}",
+                client=client,
+                field=f"meta.{self.variant_key}",
+            )
+        return self.variant(chosen)
 
 
 def _some(keys: list[str], shown: int = 4) -> str:
@@ -162,11 +213,15 @@ def _some(keys: list[str], shown: int = 4) -> str:
 
 
 def validate(message: Message, spec: UploadSpec, *, client: int | str | None = None) -> None:
-    """Check keys, shapes, dtypes, finiteness and size; raise :class:`UploadError`.
+    """Check keys, shapes, dtypes, finiteness, value ranges and metadata;
+    raise :class:`UploadError`. (The size is checked on the raw bytes, before
+    parsing: :func:`receive`.) A spec with variants checks the variant the
+    upload's metadata names.
 
     The error names the client and the offending field, so a server can log
     the refusal and go on with the other clients.
     """
+    spec = spec.resolve(message.meta, client=client)
     names = set(message.tensors)
     missing = sorted(set(spec.tensors) - names)
     if missing:
@@ -195,30 +250,87 @@ def validate(message: Message, spec: UploadSpec, *, client: int | str | None = N
                 f"dtype {tensor.dtype}, expected {ts.dtype}", client=client, field=name
             )
         if ts.shape is not None:
-            ok = len(ts.shape) == tensor.ndim and all(
-                e is None or e == s for e, s in zip(ts.shape, tensor.shape, strict=False)
+            want = tuple(_dim(d, message.meta) for d in ts.shape)
+            ok = len(want) == tensor.ndim and all(
+                e is None or e == s for e, s in zip(want, tensor.shape, strict=False)
             )
             if not ok:
                 raise UploadError(
-                    f"shape {tuple(tensor.shape)}, expected {ts.shape}", client=client, field=name
+                    f"shape {tuple(tensor.shape)}, expected {want}", client=client, field=name
                 )
         if ts.finite and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             raise UploadError("contains NaN or Inf", client=client, field=name)
+        if ts.low is not None and tensor.numel() and bool((tensor < ts.low).any()):
+            raise UploadError(f"values below {ts.low}", client=client, field=name)
+        if ts.high is not None and tensor.numel() and bool((tensor > ts.high).any()):
+            raise UploadError(f"values above {ts.high}", client=client, field=name)
+
+
+def _dim(d: Dim, meta: Mapping[str, Any]) -> int | None:
+    """A spec dimension resolved against the upload's (already validated) metadata."""
+    if d is None or isinstance(d, int):
+        return d
+    if isinstance(d, str):
+        value = meta.get(d)
+    else:
+        items = meta.get(d[0])
+        value = items[d[1]] if isinstance(items, list) and 0 <= d[1] < len(items) else None
+    return value if _is_int(value) else -1  # -1 matches no size: the shape is refused
+
+
+#: Bytes an upload may carry beyond its tensors: the safetensors header and metadata.
+META_ALLOWANCE = 64 * 1024
+_HEADER_PER_TENSOR = 128  # a generous bound on one tensor's entry in the safetensors header
+
+
+def size_limit(spec: UploadSpec) -> int | None:
+    """The most bytes an upload of ``spec`` may have: ``spec.max_bytes`` when
+    set, else the exact tensor bytes of the spec (every shape and dtype known)
+    plus :data:`META_ALLOWANCE`; ``None`` when a shape is open."""
     if spec.max_bytes is not None:
-        size = message.nbytes
-        if size > spec.max_bytes:
-            raise UploadError(
-                f"{size} bytes exceeds the limit of {spec.max_bytes}", client=client, field="*"
-            )
+        return spec.max_bytes
+    if spec.variants:  # the largest form
+        limits = [size_limit(spec.variant(name)) for name in spec.variants]
+        return None if any(x is None for x in limits) else max(limits)  # type: ignore[type-var]
+    total = META_ALLOWANCE
+    for name, ts in {**spec.tensors, **spec.optional}.items():
+        if ts.shape is None or ts.dtype is None or not all(isinstance(d, int) for d in ts.shape):
+            return None  # an open (or metadata-sized) dimension: no size known in advance
+        numel = math.prod(int(d) for d in ts.shape if isinstance(d, int))
+        total += numel * ts.dtype.itemsize + len(name.encode()) + _HEADER_PER_TENSOR
+    return total
+
+
+def receive(
+    raw: bytes, spec: UploadSpec, *, client: int | str | None = None, limit: int | None = None
+) -> Upload:
+    """The one way an upload gets to a server: its size is checked on the raw
+    bytes *before* parsing (``limit``, default :func:`size_limit`), then it is
+    parsed (safetensors, never pickle) and validated against ``spec``.
+    Anything wrong is an :class:`UploadError` naming the client and the field."""
+    cap = limit if limit is not None else size_limit(spec)
+    if cap is not None and len(raw) > cap:
+        raise UploadError(
+            f"{len(raw)} bytes exceeds the limit of {cap} for this upload", client=client, field="*"
+        )
+    upload = Upload.from_bytes(raw, client=client)
+    validate(upload, spec, client=client)
+    return upload
 
 
 def spec_from_state_dict(
     state: Mapping[str, torch.Tensor], *, prefix: str = "", max_bytes: int | None = None
 ) -> UploadSpec:
-    """An exact spec for uploading a model's state dict (same keys, shapes, dtypes)."""
+    """An exact spec for uploading a model's state dict (same keys, shapes,
+    dtypes); BatchNorm variances (``running_var``) must not be negative."""
     return UploadSpec(
         tensors={
-            prefix + k: TensorSpec(tuple(v.shape), v.dtype, finite=v.is_floating_point())
+            prefix + k: TensorSpec(
+                tuple(v.shape),
+                v.dtype,
+                finite=v.is_floating_point(),
+                low=0.0 if k.endswith("running_var") else None,
+            )
             for k, v in state.items()
         },
         max_bytes=max_bytes,

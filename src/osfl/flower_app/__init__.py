@@ -6,12 +6,11 @@
 - :mod:`.app_dir`: ``python -m osfl.flower_app DIR`` writes that directory
   (its ``pyproject.toml``) for ``flwr run``;
 - :mod:`.local`: :class:`~osfl.flower_app.local.LocalFederation`, a real
-  SuperLink + SuperNodes on loopback (what docs/flower.md tells a user to type).
+  SuperLink + SuperNodes on loopback (what docs/flower.md tells a user to type);
+- :mod:`.certs`: ``osfl flower certs DIR``, a throwaway CA, server
+  certificate and SuperNode keys for a TLS rehearsal.
 
 The runtimes themselves (Grid, loopback, simulation engine) are in
-:mod:`osfl.fl.runtime`; nothing there imports this package.
+:mod:`osfl.fl.runtime`; nothing there imports this package. The package itself imports nothing, so
+that ``osfl flower certs`` does not load torch and Flower to make three files.
 """
-
-from osfl.flower_app.app_dir import APP_NAME, app_pyproject, main, write_app
-
-__all__ = ["APP_NAME", "app_pyproject", "main", "write_app"]

@@ -2,6 +2,6 @@
 
 import sys
 
-from osfl.flower_app import main
+from osfl.flower_app.app_dir import main
 
 sys.exit(main())

@@ -17,20 +17,22 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from flwr.serverapp import Grid
 
-from osfl import assembly, report
+from osfl import assembly, report, site_assembly
 from osfl.config import to_dict, to_yaml
 from osfl.errors import ConfigError
-from osfl.experiment import run_method
+from osfl.experiment import Plan, execute_plan, plan_experiment
 from osfl.fl.observers import Observer
 from osfl.fl.runtime.base import RunResult
 from osfl.fl.runtime.flower_client import make_client_app
-from osfl.fl.runtime.flower_server import FlowerGridRuntime, make_server_app
+from osfl.fl.runtime.flower_secagg_client import add_secure_train
+from osfl.fl.runtime.flower_secagg_server import grid_runtime
+from osfl.fl.runtime.flower_server import make_server_app
 from osfl.fl.runtime.flower_spec import JobSpec
 from osfl.rundir import RunDir
 
@@ -52,40 +54,55 @@ def serve_experiment(
 ) -> tuple[RunResult | None, dict[str, Any], Path]:
     """The ServerApp side of an experiment job: run it over ``grid`` and write
     a run directory like ``osfl run`` does (``config.yaml``, ``metrics.json``,
-    ``events.jsonl``, ``summary.md``, ``run.log``).
+    ``events.jsonl``, ``summary.md``, ``run.log``), saving the server state
+    after every round and every accepted upload.
 
     Returns ``(RunResult, metrics record, run directory)``. The run directory
     is ``spec.out_dir``, or ``runs/<stamp>-<name>-flower`` under the
-    ServerApp's working directory (the SuperLink's).
+    ServerApp's working directory (the SuperLink's). ``spec.resume`` goes on
+    with the unfinished run in ``out_dir``: finished rounds and uploads
+    accepted before the stop are not asked for again. ``spec.sites``: the
+    server holds no client data (:mod:`osfl.site_assembly`).
     """
     cfg, name, seed = assembly.load_experiment(spec)
     cfg = dataclasses.replace(cfg, runtime="flower", methods=[name], seeds=[seed])
     out = Path(spec.out_dir) if spec.out_dir else RunDir.default_path(f"{cfg.name}-flower")
-    if (out / "metrics.json").exists():  # refuse before training, not after
-        raise ConfigError(
-            f"run directory {out} already holds a metrics.json: give this run another "
-            "out-dir (flwr run ... --run-config 'out-dir=\"<new dir>\"'), or leave out-dir "
-            "empty for a fresh runs/<stamp>-<name>-flower"
-        )
-    ctx = assembly.seed_context(cfg, assembly.load_splits(cfg), seed)
-    job = assembly.build_job(cfg, name, ctx)
-    job.method.check()
-    runtime = FlowerGridRuntime(
-        grid, round_timeout=spec.round_timeout, node_timeout=spec.node_timeout
+    config_text = f"# osfl Flower run: method {name}, seed {seed}\n" + to_yaml(cfg)
+    _check_out_dir(out, config_text, resume=spec.resume)
+    runtime = grid_runtime(
+        grid, cfg.secagg, round_timeout=spec.round_timeout, node_timeout=spec.node_timeout
     )
-    with RunDir(out) as rd:
-        rd.write_text(
-            "config.yaml", f"# osfl Flower run: method {name}, seed {seed}\n" + to_yaml(cfg)
-        )
-        rd.event("run_start", runtime="flower", method=name, seed=seed)
+    # data (none at real sites), job and its checks: before any client trains
+    plan = (
+        _site_plan(cfg, name, seed, spec, runtime)
+        if spec.sites
+        else plan_experiment(cfg, runtime=runtime)
+    )
+    _log_to_flower()
+    with RunDir(out, mode="resume" if spec.resume else "new") as rd:
+        rd.write_text("config.yaml", config_text)
+        rd.event("run_start", runtime="flower", method=name, seed=seed, resumed=spec.resume)
         capture = _ResultCapture()
-        record = run_method(cfg, job, ctx, runtime, rundir=rd, observers=[*observers, capture])
-        report.write_metrics(
-            rd.path / "metrics.json", [record], info={"config": to_dict(cfg), "runtime": "flower"}
+        info: dict[str, Any] = {"config": to_dict(cfg), "runtime": "flower", "sites": spec.sites}
+
+        def rounds_so_far(context: Mapping[str, Any], rounds: list[dict[str, Any]]) -> None:
+            progress = {**context, "rounds": rounds}
+            report.write_metrics(
+                rd.path / "metrics.json", [], info={**info, "in_progress": progress}
+            )
+
+        (record,) = execute_plan(
+            plan,
+            rundir=rd,
+            observers_for=lambda *_: [*observers, capture],
+            on_round=rounds_so_far,
+            on_record=lambda r: report.write_metrics(rd.path / "metrics.json", [r], info=info),
         )
+        data = f"sites ({cfg.partition.num_clients})" if spec.sites else f"`{cfg.data.source}`"
         notes = [
-            f"runtime `flower`; data `{cfg.data.source}`, {cfg.partition.num_clients} clients, "
-            f"partition `{cfg.partition.scheme}`, model `{cfg.model.name}`"
+            f"runtime `flower`; data {data}, {cfg.partition.num_clients} clients, "
+            f"partition `{'sites' if spec.sites else cfg.partition.scheme}`, "
+            f"model `{cfg.model.name}`"
         ]
         rd.write_text(
             "summary.md",
@@ -94,10 +111,64 @@ def serve_experiment(
             ),
         )
         rd.event("run_end", records=1)
-    log.info("osfl Flower run written to %s", out)
+    log.info(
+        "osfl Flower run: %s seed %d, accuracy %.4f, %d bytes up; written to %s",
+        name,
+        seed,
+        record.get("global_test_accuracy", float("nan")),
+        record["bytes_up"],
+        out,
+    )
     return capture.result, record, out
+
+
+def _check_out_dir(out: Path, config_text: str, *, resume: bool) -> None:
+    """Refuse, before training, to write over a finished run or to resume
+    another experiment's."""
+    if not resume and (out / "metrics.json").exists():
+        raise ConfigError(
+            f"run directory {out} already holds a metrics.json: give this run another "
+            "out-dir (flwr run ... --run-config 'out-dir=\"<new dir>\"'), resume it "
+            "(--run-config 'resume=true'), or leave out-dir empty for a fresh "
+            "runs/<stamp>-<name>-flower"
+        )
+    if resume:
+        stored = out / "config.yaml"
+        if not stored.is_file():
+            raise ConfigError(f"resume: {out} holds no osfl Flower run (no config.yaml)")
+        if stored.read_text().strip() != config_text.strip():
+            raise ConfigError(
+                f"resume: {stored} is another experiment's config; resume with the same "
+                "experiment, method, seed and overrides"
+            )
+        if (out / "metrics.json").is_file() and report.read_metrics(out / "metrics.json")[
+            "records"
+        ]:
+            raise ConfigError(f"resume: the run in {out} has finished; nothing to resume")
+
+
+def _site_plan(cfg: Any, name: str, seed: int, spec: JobSpec, runtime: Any) -> Plan:
+    """The plan of a real-sites server: one job, no client data."""
+    job = site_assembly.site_server_job(cfg, name, seed, spec.server_test)
+    job.method.check()
+    return Plan(cfg, None, runtime, [(assembly.SeedContext(None, None, job.run), [job])])
+
+
+def _log_to_flower() -> None:
+    """osfl's INFO lines (each method's accuracy, the run directory) on the
+    ServerApp's stderr, which ``flwr run --stream`` shows; unless the process
+    already gave the ``osfl`` logger a handler."""
+    logger = logging.getLogger("osfl")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("osfl: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
 
 
 #: The apps a Flower deployment loads (see the module docstring).
 server_app = make_server_app(serve_experiment)
-client_app = make_client_app(assembly.job_from_spec)
+# SecAgg+'s handler too: a run with secagg.enabled sends it Flower's "train" messages.
+client_app = add_secure_train(
+    make_client_app(site_assembly.job_for_spec), site_assembly.job_for_spec
+)

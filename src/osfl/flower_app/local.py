@@ -10,31 +10,48 @@ or a demo can do it in one call and clean up after itself::
 Ports are picked free on 127.0.0.1; every process runs in ``workdir`` with
 its log there (``superlink.log``, ``supernode-<i>.log``, ``flwr-run.log``);
 ``FLWR_HOME`` points at ``workdir/flwr-home`` so the user's own Flower config
-is neither read nor written. TLS and node authentication are off
-(``--insecure``): loopback only. :meth:`LocalFederation.stop` ends the
+is neither read nor written. :meth:`LocalFederation.stop` ends the
 processes it started and their descendants (Flower's ``flower-superexec`` and
 ``flwr-serverapp`` / ``flwr-clientapp`` children), found through ``/proc``.
+
+By default TLS and node authentication are off (``--insecure``: loopback
+only). ``tls=True`` makes a throwaway CA and server certificate in
+``workdir/tls`` (:mod:`osfl.flower_app.certs`) and starts the SuperLink with
+``--ssl-ca-certfile/--ssl-certfile/--ssl-keyfile``, every SuperNode with
+``--root-certificates`` and the ``flwr`` connection with ``root-certificates``.
+``node_auth=True`` (needs TLS, as Flower does) also starts the SuperLink with
+``--enable-supernode-auth``, makes one key pair per node in
+``workdir/node-keys``, registers each public key with ``flwr supernode
+register`` and starts each node with ``--auth-supernode-private-key``: Flower
+1.41's mechanism (``flwr/superlink/cli/flower_superlink.py``,
+``flwr/cli/supernode/register.py``, ``flwr/supernode/cli/flower_supernode.py``).
+See ``docs/flower-security.md``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
+import math
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import tomli_w
 
 from osfl.errors import ConfigError, OsflError
 from osfl.fl.runtime.flower_spec import JobSpec
 from osfl.flower_app.app_dir import write_app
+from osfl.flower_app.certs import CertPaths, NodeKeyPaths, make_certificates, make_node_keys
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +127,19 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _json_tail(out: str) -> dict[str, Any]:
+    """The JSON document a ``flwr ... --format json`` command printed (after
+    any status lines)."""
+    start = out.find("{") if out.lstrip().startswith("{") else out.find("\n{") + 1
+    try:
+        doc = json.loads(out[start:]) if start >= 0 else None
+    except json.JSONDecodeError:
+        doc = None
+    if not isinstance(doc, dict):
+        raise OsflError(f"flwr printed no JSON document:\n{out[-2000:]}")
+    return doc
+
+
 def _bin(name: str) -> str:
     """A Flower console script next to this Python (or on PATH)."""
     here = Path(sys.executable).with_name(name)
@@ -121,9 +151,75 @@ def _bin(name: str) -> str:
     return found
 
 
+NodeConfigValue = str | int | float
+
+#: Node-config keys :class:`LocalFederation` sets itself (node ``i`` plays client ``i``).
+RESERVED_NODE_KEYS = ("partition-id", "num-partitions")
+_NODE_KEY = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+
+
+def _toml_string(value: str) -> str:
+    """A TOML basic string that Flower's ``--node-config`` parser reads back
+    as ``value``: its tokenizer (``flwr/common/config.py::parse_config_args``,
+    ``(\\S+?)=('[^']*'|"[^"]*"|\\S+)``) ends a double-quoted value at the next
+    ``"``, so quotes, backslashes and control characters are escaped
+    (``\\u0022``, ``\\\\``, ``\\uXXXX``) rather than written."""
+    out = []
+    for ch in value:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == '"' or ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def node_config_string(entries: Mapping[str, NodeConfigValue]) -> str:
+    """``entries`` as one ``flower-supernode --node-config`` string
+    (``key=value`` pairs, space-separated, values in TOML syntax: strings
+    double-quoted and escaped, so spaces and quotes survive; ``bool`` as
+    ``true``/``false``). Keys are bare TOML keys (letters, digits, ``_``,
+    ``-``, dotted parts)."""
+    parts = []
+    for key, value in entries.items():
+        if not isinstance(key, str) or not _NODE_KEY.fullmatch(key):
+            raise ConfigError(
+                f"node-config key {key!r} must be letters, digits, '_' or '-' "
+                "(dot-separated parts allowed)"
+            )
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, int):
+            text = str(value)
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise ConfigError(f"node-config {key!r} must be finite, got {value}")
+            text = repr(value)
+        elif isinstance(value, str):
+            text = _toml_string(value)
+        else:
+            raise ConfigError(
+                f"node-config {key!r} must be a str, int, float or bool, got {type(value).__name__}"
+            )
+        parts.append(f"{key}={text}")
+    for key in entries:  # TOML cannot hold both a.b=1 and a=2
+        clash = [p for p in entries if p != key and key.startswith(p + ".")]
+        if clash:
+            raise ConfigError(f"node-config keys {clash[0]!r} and {key!r} clash (a.b nests in a)")
+    return " ".join(parts)
+
+
 class LocalFederation:
     """A SuperLink and ``num_nodes`` SuperNodes (``partition-id`` 0..n-1) on
-    loopback; :meth:`run` submits one osfl job with ``flwr run``."""
+    loopback; :meth:`run` submits one osfl job with ``flwr run``. Each node
+    trains with ``threads_per_node`` torch threads (``OMP_NUM_THREADS``; an
+    explicit ``env`` entry wins).
+
+    ``tls`` / ``node_auth`` turn on Flower's TLS and SuperNode authentication
+    (see the module docstring); ``node_configs[i]`` adds node-config entries to
+    node ``i`` after ``partition-id`` and ``num-partitions`` (e.g. ``{"data":
+    "imagefolder:/srv/site3"}``)."""
 
     def __init__(
         self,
@@ -132,18 +228,68 @@ class LocalFederation:
         *,
         env: Mapping[str, str] | None = None,
         start_timeout: float = 60.0,
+        threads_per_node: int = 1,
+        tls: bool = False,
+        node_auth: bool = False,
+        node_configs: Sequence[Mapping[str, NodeConfigValue]] | None = None,
     ):
         if num_nodes < 1:
             raise ConfigError(f"num_nodes must be >= 1, got {num_nodes}")
+        if threads_per_node < 1:
+            raise ConfigError(f"threads_per_node must be >= 1, got {threads_per_node}")
+        if node_auth and not tls:
+            raise ConfigError(
+                "node_auth=True needs tls=True: Flower refuses SuperNode authentication "
+                "without TLS (flower-superlink --enable-supernode-auth with --insecure)"
+            )
         self.num_nodes = num_nodes
         self.workdir = Path(workdir).resolve()
         self.start_timeout = start_timeout
-        self.env = {**os.environ, **dict(env or {})}
+        self.tls = tls
+        self.node_auth = node_auth
+        self.node_config_strings = self._node_config_strings(node_configs)
+        # Every node is a process of its own on this machine: unpinned, each one's
+        # OpenMP pool takes every core and they fight (~100x slower on 2 cores),
+        # and the simulation's numbers need the same threads per client.
+        threads = str(threads_per_node)
+        pinned = {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        self.env = {**os.environ, **pinned, **dict(env or {})}
         self.flwr_home = self.workdir / "flwr-home"
         self.env["FLWR_HOME"] = str(self.flwr_home)
         self.superlink_port = 0
+        self.certs: CertPaths | None = None
+        self.node_keys: list[NodeKeyPaths] = []
+        self.registered_node_ids: list[int] = []
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.nodes: list[subprocess.Popen[bytes]] = []
         self._logs: list[object] = []
+
+    def _node_config_strings(
+        self, node_configs: Sequence[Mapping[str, NodeConfigValue]] | None
+    ) -> list[str]:
+        """Each node's ``--node-config``; checked here, before anything starts."""
+        if node_configs is None:
+            node_configs = [{}] * self.num_nodes
+        if isinstance(node_configs, Mapping) or len(node_configs) != self.num_nodes:
+            raise ConfigError(
+                f"node_configs must be a list of {self.num_nodes} mappings (one per node)"
+            )
+        out = []
+        for i, extra in enumerate(node_configs):
+            taken = [k for k in RESERVED_NODE_KEYS if k in extra]
+            if taken:
+                raise ConfigError(
+                    f"node_configs[{i}] sets {', '.join(taken)}: LocalFederation sets "
+                    "these itself (node i plays client i)"
+                )
+            own = {"partition-id": i, "num-partitions": self.num_nodes}
+            out.append(node_config_string({**own, **extra}))
+        return out
+
+    @property
+    def superlink_address(self) -> str:
+        """``host:port`` of the SuperLink (its Fleet, Control and Runtime APIs)."""
+        return f"{HOST}:{self.superlink_port}"
 
     # --- lifecycle --------------------------------------------------------
     def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
@@ -160,62 +306,209 @@ class LocalFederation:
         self.procs.append(proc)
         return proc
 
+    def _connection(self) -> dict[str, Any]:
+        """The ``flwr`` CLI's connection to this SuperLink (``config.toml``):
+        ``root-certificates`` (an absolute path, which flwr requires) with
+        TLS, else ``insecure = true``
+        (``flwr/cli/flower_config.py::parse_superlink_connection``)."""
+        if self.certs is not None:
+            return {"address": self.superlink_address, "root-certificates": str(self.certs.ca_cert)}
+        return {"address": self.superlink_address, "insecure": True}
+
+    def _superlink_args(self) -> list[str]:
+        args = [_bin("flower-superlink")]
+        args += self.certs.superlink_flags() if self.certs is not None else ["--insecure"]
+        if self.node_auth:
+            args.append("--enable-supernode-auth")
+        return [
+            *args,
+            "--host",
+            HOST,
+            "--port",
+            str(self.superlink_port),
+            "--disable-runtime-dependency-installation",
+        ]
+
+    def _supernode_args(
+        self,
+        node_config: str,
+        *,
+        insecure: bool,
+        private_key: str | Path | None,
+        extra_args: Sequence[str] = (),
+    ) -> tuple[list[str], int]:
+        port = free_port()
+        args = [_bin("flower-supernode")]
+        if insecure or self.certs is None:
+            args.append("--insecure")
+        else:
+            args += self.certs.supernode_flags()
+        if private_key is not None:
+            args += ["--auth-supernode-private-key", str(private_key)]
+        args += ["--superlink", self.superlink_address, "--host", HOST, "--port", str(port)]
+        if node_config:
+            args += ["--node-config", node_config]
+        return [*args, *extra_args], port
+
     def start(self) -> LocalFederation:
-        """Start the SuperLink, wait for it, then the SuperNodes."""
+        """Start the SuperLink, wait for it, register the node keys (with
+        ``node_auth``), then start the SuperNodes."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.flwr_home.mkdir(parents=True, exist_ok=True)
+        if self.tls:  # LocalFederation's own throwaway files: a rerun replaces them
+            self.certs = make_certificates(self.workdir / "tls", overwrite=True)
+        if self.node_auth:
+            self.node_keys = [
+                make_node_keys(self.workdir / "node-keys", f"supernode-{i}", overwrite=True)
+                for i in range(self.num_nodes)
+            ]
         self.superlink_port = free_port()
-        address = f"{HOST}:{self.superlink_port}"
         (self.flwr_home / "config.toml").write_text(
-            tomli_w.dumps(
-                {
-                    "superlink": {
-                        "default": CONNECTION,
-                        CONNECTION: {"address": address, "insecure": True},
-                    }
-                }
-            )
+            tomli_w.dumps({"superlink": {"default": CONNECTION, CONNECTION: self._connection()}})
         )
-        link = self._spawn(
-            [
-                _bin("flower-superlink"),
-                "--insecure",
-                "--host",
-                HOST,
-                "--port",
-                str(self.superlink_port),
-                "--disable-runtime-dependency-installation",
-            ],
-            "superlink.log",
-        )
+        link = self._spawn(self._superlink_args(), "superlink.log")
         wait_for_port(self.superlink_port, self.start_timeout, link, self.workdir / "superlink.log")
+        self.registered_node_ids = [self.register_node(k.public_key) for k in self.node_keys]
         for i in range(self.num_nodes):
-            port = free_port()
-            node = self._spawn(
-                [
-                    _bin("flower-supernode"),
-                    "--insecure",
-                    "--superlink",
-                    address,
-                    "--host",
-                    HOST,
-                    "--port",
-                    str(port),
-                    "--node-config",
-                    f"partition-id={i} num-partitions={self.num_nodes}",
-                ],
-                f"supernode-{i}.log",
+            args, port = self._supernode_args(
+                self.node_config_strings[i],
+                insecure=False,
+                private_key=self.node_keys[i].private_key if self.node_auth else None,
             )
+            node = self._spawn(args, f"supernode-{i}.log")
+            self.nodes.append(node)
             wait_for_port(port, self.start_timeout, node, self.workdir / f"supernode-{i}.log")
-        log.info("local Flower federation: SuperLink %s, %d SuperNodes", address, self.num_nodes)
+        log.info(
+            "local Flower federation: SuperLink %s%s%s, %d SuperNodes",
+            self.superlink_address,
+            " (TLS)" if self.tls else "",
+            " (node authentication)" if self.node_auth else "",
+            self.num_nodes,
+        )
         return self
+
+    def spawn_node(
+        self,
+        name: str,
+        *,
+        node_config: Mapping[str, NodeConfigValue] | None = None,
+        insecure: bool = False,
+        private_key: str | Path | None = None,
+        extra_args: Sequence[str] = (),
+    ) -> subprocess.Popen[bytes]:
+        """Start one more SuperNode, outside the ``num_nodes`` of the
+        federation (a late joiner, or one the SuperLink must refuse), logging
+        to ``supernode-<name>.log``. It uses TLS like the others unless
+        ``insecure``, authenticates with ``private_key`` if given (its public
+        key is *not* registered: call :meth:`register_node` first for that),
+        and gets ``extra_args`` (e.g. ``["--max-retries", "2"]``).
+        :meth:`stop` ends it; nothing waits for it to come up."""
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or name.isdigit():
+            raise ConfigError(
+                f"node name {name!r} must be a plain file name part, not a number "
+                "(supernode-<i>.log belongs to node i)"
+            )
+        if not self.superlink_port:
+            raise ConfigError("spawn_node needs a started federation (start() or `with`)")
+        args, _ = self._supernode_args(
+            node_config_string(node_config or {}),
+            insecure=insecure,
+            private_key=private_key,
+            extra_args=extra_args,
+        )
+        return self._spawn(args, f"supernode-{name}.log")
+
+    def _flwr(self, *args: str, timeout: float) -> str:
+        """Run the ``flwr`` CLI against this SuperLink; its stdout, or an
+        error with its output."""
+        try:
+            done = subprocess.run(
+                [_bin("flwr"), *args],
+                cwd=self.workdir,
+                env=self.env,
+                capture_output=True,
+                stdin=subprocess.DEVNULL,
+                timeout=timeout,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as e:
+            raise OsflError(f"flwr {' '.join(args)} did not finish in {timeout:.0f} s") from e
+        if done.returncode != 0:
+            raise OsflError(
+                f"flwr {' '.join(args)} failed ({done.returncode}):\n"
+                + (done.stdout + done.stderr).decode(errors="replace")[-3000:]
+            )
+        return done.stdout.decode(errors="replace")
+
+    def register_node(self, public_key: str | Path) -> int:
+        """Register a SuperNode's public key with the SuperLink (``flwr
+        supernode register KEY CONNECTION``); returns the node id it gets."""
+        out = self._flwr(
+            "supernode",
+            "register",
+            str(public_key),
+            CONNECTION,
+            "--format",
+            "json",
+            timeout=self.start_timeout,
+        )
+        return int(_json_tail(out)["node-id"])
+
+    def supernodes(self) -> list[dict[str, Any]]:
+        """The SuperLink's node table (``flwr supernode ls --format json``):
+        one dict per node with ``node-id``, ``status`` (``registered``,
+        ``online``, ``offline``, ...) and timestamps."""
+        out = self._flwr("supernode", "ls", CONNECTION, "--format", "json", timeout=60)
+        return list(_json_tail(out).get("nodes", []))
+
+    def online_node_ids(self) -> list[int]:
+        """Ids of the nodes the SuperLink sees online now."""
+        return sorted(int(n["node-id"]) for n in self.supernodes() if n["status"] == "online")
+
+    def wait_online(self, count: int, timeout: float = 60.0) -> list[int]:
+        """Block until ``count`` nodes are online; returns their ids."""
+        deadline = time.monotonic() + timeout
+        while True:
+            online = self.online_node_ids()
+            if len(online) >= count:
+                return online
+            if time.monotonic() > deadline:
+                raise OsflError(
+                    f"{len(online)} of {count} SuperNodes online after {timeout:.0f} s; "
+                    f"see the supernode-*.log files in {self.workdir}"
+                )
+            time.sleep(1.0)
+
+    def node_pids(self, i: int) -> list[int]:
+        """Process ids of SuperNode ``i`` and its descendants (its
+        ``flower-superexec`` and any running ``flwr-clientapp``)."""
+        if not 0 <= i < len(self.nodes):
+            raise ConfigError(f"no SuperNode {i}: this federation has {len(self.nodes)}")
+        pid = self.nodes[i].pid
+        return [pid, *descendants(pid)] if _alive(pid) else []
+
+    def kill_node(self, i: int, timeout: float = 10.0) -> None:
+        """SIGKILL SuperNode ``i`` and its descendants (a site that drops out
+        mid-run, with no goodbye to the SuperLink) and wait until they are gone."""
+        tree = self.node_pids(i)
+        for pid in tree:
+            _signal(pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.nodes[i].wait(timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [pid for pid in tree if _alive(pid)]
+        if left:
+            raise OsflError(f"SuperNode {i}: processes {left} still alive after SIGKILL")
 
     def stop(self, grace: float = 5.0) -> None:
         """SIGTERM every process started here and every descendant, SIGKILL
         what is still alive after ``grace`` seconds."""
         tree: list[int] = []
         for p in self.procs:
-            tree += [p.pid, *descendants(p.pid)]
+            if p.poll() is None:  # a reaped pid (a killed or refused node) may be reused
+                tree += [p.pid, *descendants(p.pid)]
         for pid in tree:
             _signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
@@ -239,6 +532,7 @@ class LocalFederation:
         for f in self._logs:
             f.close()  # type: ignore[attr-defined]
         self.procs.clear()
+        self.nodes.clear()
         self._logs.clear()
 
     def __enter__(self) -> LocalFederation:

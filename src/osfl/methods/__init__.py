@@ -9,14 +9,19 @@ class may set ``default_run = True`` to join the embedded default ``osfl run``
 
 from osfl.fl.method import METHODS, Method
 from osfl.methods import (
+    eftvit,  # noqa: F401  (registers "eftvit")
     ensemble,
     fafi,  # noqa: F401  (registers "fafi")
+    falcon,  # noqa: F401  (registers "falcon")
     fedavg,
+    fedcgs,  # noqa: F401  (registers "fedcgs")
     feddc,  # noqa: F401  (registers "feddc")
     feddyn,  # noqa: F401  (registers "feddyn")
     fedmitr,  # noqa: F401  (registers "fedmitr")
+    fedpft,  # noqa: F401  (registers "fedpft")
     kd,  # noqa: F401  (registers deepinversion, adi, dense, coboosting, fedftg, feddf)
     local,
+    peft,  # noqa: F401  (registers fedfull, fedhead, fedbias, fedprompt, fedlora, fedra, fedbfpt)
     scaffold,  # noqa: F401  (registers "scaffold")
 )
 from osfl.methods.clients import trained_client

@@ -16,6 +16,7 @@ with weights proportional to the clients' sample counts.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -24,9 +25,11 @@ import torch
 from torch import nn
 
 from osfl.data.imageset import ImageSet
+from osfl.fl.aggregators import aggregate_states, weighted_mean
 from osfl.fl.client_training import train_client
 from osfl.fl.context import ClientContext, RunContext
 from osfl.fl.method import Method, Predictor
+from osfl.fl.seeds import derive_seed
 from osfl.fl.train_config import TrainConfig
 from osfl.fl.training import init_model
 from osfl.fl.upload import NUM_SAMPLES, Broadcast, Upload, UploadSpec, spec_from_state_dict
@@ -113,24 +116,22 @@ def sample_counts(uploads: Mapping[int, Upload]) -> dict[int, int]:
 def average_states(
     states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]
 ) -> StateDict:
-    """Weighted parameter average (FedAvg), buffers included.
+    """Weighted parameter average (FedAvg), buffers included
+    (:func:`osfl.fl.aggregators.weighted_mean`)."""
+    return weighted_mean(states, weights)
 
-    Accumulates in float64 so that averaging identical models returns them
-    bit-for-bit (and one model with weight 1 is returned exactly). Integer
-    buffers (BatchNorm's ``num_batches_tracked``) take the weighted mean
-    rounded to the nearest integer.
-    """
-    if not states:
-        raise ValueError("average_states needs at least one state")
-    w = np.asarray(weights, dtype=np.float64)
-    w = w / w.sum()
-    out: StateDict = {}
-    for name, ref in states[0].items():
-        acc = torch.zeros(ref.shape, dtype=torch.float64)
-        for wi, st in zip(w, states, strict=True):
-            acc += float(wi) * st[name].to(torch.float64)
-        out[name] = acc.round().to(ref.dtype) if not ref.is_floating_point() else acc.to(ref.dtype)
-    return out
+
+def combine_states(
+    run: RunContext,
+    states: Sequence[Mapping[str, torch.Tensor]],
+    weights: Sequence[float],
+    reference: Mapping[str, torch.Tensor] | None,
+) -> StateDict:
+    """The clients' states combined with the server's rule (``server.aggregator``:
+    the weighted mean, or a Byzantine-robust rule; ``reference`` is the state
+    they started from)."""
+    server = run.server
+    return aggregate_states(states, weights, server, rule=server.aggregator, reference=reference)
 
 
 class ModelPredictor(Predictor):
@@ -149,6 +150,60 @@ def public_fl_hparams(name: str, config: Any) -> dict[str, Any]:
     from dataclasses import asdict, is_dataclass
 
     return {"scheme": name, **(asdict(config) if is_dataclass(config) else {})}
+
+
+def probe_batch(run: RunContext, n: int = 8) -> torch.Tensor:
+    """``n`` seeded random images through the run's evaluation transform: what
+    the server feeds a member to see whether its outputs are finite (it holds
+    no data of its own)."""
+    gen = torch.Generator().manual_seed(derive_seed(run.seed, "probe-batch"))
+    images = torch.randint(0, 256, (n, *run.image_shape), generator=gen, dtype=torch.uint8)
+    return run.eval_transform(images) if run.eval_transform is not None else images.float() / 255
+
+
+def update_norm_problem(
+    state: Mapping[str, torch.Tensor], base: Mapping[str, torch.Tensor], bound: float | None
+) -> str | None:
+    """Why a client's weights are too far from ``base`` (the broadcast): the
+    L2 norm of the update over the float tensors both hold exceeds ``bound``
+    (``server.max_update_norm``; ``None``: no bound). The classic defence
+    against a boosted update (Sun et al., "Can You Really Backdoor Federated
+    Learning?", 2019: norm bounding)."""
+    if bound is None:
+        return None
+    sq = sum(
+        float((v.double() - base[k].double()).pow(2).sum())
+        for k, v in state.items()
+        if v.is_floating_point() and k in base
+    )
+    if not math.isfinite(sq) or math.sqrt(sq) > bound:
+        return f"update norm {math.sqrt(sq):.4g} exceeds server.max_update_norm {bound}"
+    return None
+
+
+def member_problem(
+    run: RunContext,
+    state: Mapping[str, torch.Tensor],
+    init: Mapping[str, torch.Tensor],
+    build: Callable[[Mapping[str, torch.Tensor]], nn.Module] | None = None,
+) -> str | None:
+    """Why ``state`` (a client's model) must not join the members, under the
+    run's ``server.member_filter`` (``None``: keep it). ``build``: the module
+    ``state`` loads into (default: the run's model); its outputs on the
+    probe batch must be finite."""
+    rule = run.server.member_filter
+    if rule == "none":
+        return None
+    if rule == "finite_norm":
+        why = update_norm_problem(state, init, run.server.max_update_norm)
+        if why is not None:
+            return why
+    model = (build(state) if build is not None else model_from_state(run, state)).eval()
+    with torch.no_grad():
+        out = model(probe_batch(run))
+    if not bool(torch.isfinite(out).all()):
+        return "member outputs are not finite on the server's probe batch"
+    return None
 
 
 class ClientModelsMethod(Method):
@@ -172,6 +227,12 @@ class ClientModelsMethod(Method):
 
     def upload_spec(self, state: dict[str, Any], round: int, client: int) -> UploadSpec:
         return model_upload_spec(state["init"])
+
+    def screen(self, state: dict[str, Any], round: int, client: int, upload: Upload) -> str | None:
+        """``server.member_filter``: a member whose outputs on a probe batch are
+        not finite (a valid-looking poison that would turn the ensemble's mean
+        into NaN) or whose update is too large is refused."""
+        return member_problem(self.run, upload.tensors, state["init"])
 
     def aggregate(
         self, state: dict[str, Any], uploads: Mapping[int, Upload], round: int

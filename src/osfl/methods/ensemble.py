@@ -67,3 +67,10 @@ class Ensemble(ClientModelsMethod):
         ids, models = self.client_models(state)
         weights = WEIGHTINGS.get(self.config.weighting)([state["num_samples"][c] for c in ids])
         return EnsemblePredictor(models, weights.tolist())
+
+    site_evaluation: ClassVar[bool] = True
+
+    def release(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The members and their sample counts: the ensemble *is* every
+        client's model, so every site that evaluates it sees them all."""
+        return {"clients": state["clients"], "num_samples": state["num_samples"]}

@@ -39,7 +39,7 @@ from osfl.methods.clients import (
     WEIGHTINGS,
     ModelPredictor,
     StateDict,
-    average_states,
+    combine_states,
     initial_state,
     model_from_state,
     model_upload,
@@ -48,6 +48,7 @@ from osfl.methods.clients import (
     sample_counts,
     state_broadcast,
     trained_client,
+    update_norm_problem,
 )
 
 
@@ -132,14 +133,34 @@ class FedAvg(Method):
     def upload_spec(self, state: StateDict, round: int, client: int) -> UploadSpec:
         return model_upload_spec(state)
 
+    @property
+    def secure_weighting(self) -> str | None:
+        """The weighted mean needs only the clients' weighted sum."""
+        return self.config.weighting
+
+    def global_weights(self, state: Any) -> StateDict:
+        """The global model's weights in the server state (the state itself here)."""
+        return state
+
+    def screen(self, state: Any, round: int, client: int, upload: Upload) -> str | None:
+        """``server.max_update_norm``: an update farther than that from the
+        broadcast weights is refused (norm bounding; off by default)."""
+        bound = self.run.server.max_update_norm
+        return update_norm_problem(upload.tensors, self.global_weights(state), bound)
+
     def aggregate(self, state: StateDict, uploads: Mapping[int, Upload], round: int) -> StateDict:
         counts = sample_counts(uploads)
         clients = sorted(counts)
         weights = WEIGHTINGS.get(self.config.weighting)([counts[c] for c in clients])
-        return average_states([uploads[c].tensors for c in clients], weights)
+        return combine_states(self.run, [uploads[c].tensors for c in clients], weights, state)
 
     def predictor(self, state: StateDict) -> Predictor:
         return ModelPredictor(model_from_state(self.run, state))
+
+    site_evaluation: ClassVar[bool] = True
+
+    def release(self, state: StateDict) -> StateDict:
+        return state  # the global model is what every site receives anyway
 
     def public_hparams(self) -> dict[str, Any]:
         hp = super().public_hparams()
@@ -166,6 +187,7 @@ class FedProx(FedAvg):
     """FedAvg with the proximal term anchored at each round's global weights."""
 
     Config: ClassVar[type] = FedProxConfig
+    smoke: ClassVar[tuple[str, ...]] = ("method.fedprox.rounds=2", "method.fedprox.mu=0.1")
     one_shot: ClassVar[bool] = False
     default_run: ClassVar[bool] = False
     default_order: ClassVar[int] = 10

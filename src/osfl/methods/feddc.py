@@ -20,7 +20,7 @@ from osfl.errors import ConfigError
 from osfl.fl.method import register_method
 from osfl.fl.objectives import FedDCTerm, effective_lr_sum
 from osfl.fl.optim import OPTIMIZERS, lr_at
-from osfl.methods.clients import StateDict, average_states
+from osfl.methods.clients import StateDict, combine_states
 from osfl.methods.schemes import Named, SchemeConfig, StatefulScheme, add_scaled, delta_of
 
 
@@ -46,6 +46,7 @@ class FedDC(StatefulScheme):
     """FedDC (Gao et al., CVPR 2022): local drift decoupling and gradient correction."""
 
     Config: ClassVar[type] = FedDCConfig
+    smoke: ClassVar[tuple[str, ...]] = ("method.feddc.rounds=2",)
     default_order: ClassVar[int] = 23
     prefix: ClassVar[str] = "feddc"
     server_names: ClassVar[tuple[str, ...]] = ("global_update",)
@@ -104,7 +105,7 @@ class FedDC(StatefulScheme):
             if self.config.correction:
                 known["update"] = delta
             corrected.append(state)
-        new.model = average_states(corrected, weights)
+        new.model = combine_states(self.run, corrected, weights, old.model)
         if self.config.correction:
             g = {k: torch.zeros_like(v) for k, v in deltas[0].items()}
             for w, d in zip(weights, deltas, strict=True):

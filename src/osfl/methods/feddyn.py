@@ -18,7 +18,7 @@ import torch
 from osfl.errors import ConfigError
 from osfl.fl.method import register_method
 from osfl.fl.objectives import FedDynTerm
-from osfl.methods.clients import average_states
+from osfl.methods.clients import combine_states
 from osfl.methods.schemes import (
     Named,
     SchemeConfig,
@@ -47,6 +47,7 @@ class FedDyn(StatefulScheme):
     """FedDyn (Acar et al., ICLR 2021): a dynamic regulariser aligns local and global optima."""
 
     Config: ClassVar[type] = FedDynConfig
+    smoke: ClassVar[tuple[str, ...]] = ("method.feddyn.rounds=2",)
     default_order: ClassVar[int] = 22
     prefix: ClassVar[str] = "feddyn"
 
@@ -61,7 +62,7 @@ class FedDyn(StatefulScheme):
 
     def update_server(self, old, new, parts, weights, counts) -> None:
         clients = list(parts)
-        avg = average_states([parts[c][0] for c in clients], weights)
+        avg = combine_states(self.run, [parts[c][0] for c in clients], weights, old.model)
         alpha = self.config.alpha
         if alpha > 0:
             names = self.param_names()

@@ -20,7 +20,7 @@ import torch
 from osfl.errors import ConfigError
 from osfl.fl.method import register_method
 from osfl.fl.objectives import ScaffoldCorrection
-from osfl.methods.clients import StateDict, average_states, model_from_state
+from osfl.methods.clients import StateDict, combine_states, model_from_state
 from osfl.methods.schemes import (
     Named,
     SchemeConfig,
@@ -83,6 +83,7 @@ class Scaffold(StatefulScheme):
     """SCAFFOLD (Karimireddy et al., ICML 2020): control variates correct client drift."""
 
     Config: ClassVar[type] = ScaffoldConfig
+    smoke: ClassVar[tuple[str, ...]] = ("method.scaffold.rounds=2",)
     default_order: ClassVar[int] = 21
     prefix: ClassVar[str] = "scaffold"
     server_names: ClassVar[tuple[str, ...]] = ("c",)
@@ -103,7 +104,7 @@ class Scaffold(StatefulScheme):
 
     def update_server(self, old, new, parts, weights, counts) -> None:
         clients = list(parts)
-        avg = average_states([parts[c][0] for c in clients], weights)
+        avg = combine_states(self.run, [parts[c][0] for c in clients], weights, old.model)
         eta_g = self.config.server_lr
         if eta_g != 1.0:
             avg = {

@@ -55,6 +55,7 @@ from torch import nn
 from osfl.data.imageset import ImageSet
 from osfl.fl.context import ClientContext, ClientState
 from osfl.fl.method import Predictor
+from osfl.fl.state_codec import state_type
 from osfl.fl.train_config import TrainConfig
 from osfl.fl.training import train_local
 from osfl.fl.upload import Broadcast, TensorSpec, Upload, UploadSpec
@@ -73,6 +74,7 @@ from osfl.methods.fedavg import FedAvg, FedAvgConfig
 Named = dict[str, StateDict]  # scheme tensors by name, then parameter name
 
 
+@state_type
 @dataclass
 class SchemeState:
     """Server state of a stateful scheme.
@@ -246,6 +248,14 @@ class StatefulScheme(FedAvg):
         )
         return cfg
 
+    def global_weights(self, state: SchemeState) -> StateDict:  # type: ignore[override]
+        return state.model
+
+    @property
+    def secure_weighting(self) -> str | None:
+        """None: the server keeps per-client state from each upload."""
+        return None
+
     def upload_spec(self, state: SchemeState, round: int, client: int) -> UploadSpec:
         base = model_upload_spec(state.model)
         extra = {
@@ -272,6 +282,10 @@ class StatefulScheme(FedAvg):
 
     def predictor(self, state: SchemeState) -> Predictor:
         return ModelPredictor(model_from_state(self.run, state.model))
+
+    def release(self, state: SchemeState) -> SchemeState:  # type: ignore[override]
+        """The global model only: the server's per-client memory stays with it."""
+        return SchemeState(state.model)
 
     # --- scheme specifics -------------------------------------------------
     def local_round(

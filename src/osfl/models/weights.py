@@ -89,7 +89,13 @@ class LoadReport:
 
 # --- reading ----------------------------------------------------------------
 def read_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
-    """Tensors of a checkpoint file, unwrapped and prefix-stripped (no key renaming)."""
+    """Tensors of a checkpoint file, unwrapped and prefix-stripped (no key renaming).
+
+    Any failure of the file (missing, truncated, bit-flipped, pickle-only, not a
+    state dict, NaN/Inf weights) is one :class:`ConfigError` naming the file:
+    torch's and safetensors' readers raise a zoo of exceptions on damaged input
+    (``UnicodeDecodeError``, ``KeyError``, ``AssertionError``, ``IndexError``,
+    ``OSError [Errno 22]``), none of which should reach a user as a traceback."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"checkpoint {str(p)!r} not found; give the path to a local weights file")
@@ -100,7 +106,7 @@ def read_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
 
         try:
             obj: object = load_file(str(p), device="cpu")
-        except (SafetensorError, OSError) as e:
+        except (SafetensorError, OSError, ValueError, RuntimeError) as e:
             raise ConfigError(f"checkpoint {str(p)!r} is not a valid safetensors file: {e}") from e
     elif suffix in (".pth", ".pt", ".bin", ".ckpt"):
         try:
@@ -111,13 +117,23 @@ def read_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
                 "and is refused (checkpoints are only ever read with weights_only=True, never "
                 "unpickled); re-save its state_dict, ideally as .safetensors"
             ) from e
-        except (RuntimeError, EOFError, OSError) as e:
-            raise ConfigError(f"checkpoint {str(p)!r} cannot be read: {e}") from e
+        except Exception as e:
+            raise ConfigError(
+                f"checkpoint {str(p)!r} cannot be read (damaged or not a PyTorch checkpoint): "
+                f"{type(e).__name__}: {e}"
+            ) from e
     else:
         raise ConfigError(
             f"checkpoint {str(p)!r}: unknown format {suffix!r}; use .safetensors, .pth, .pt or .bin"
         )
-    return _strip_prefixes(_unwrap(obj, str(p)))
+    tensors = _strip_prefixes(_unwrap(obj, str(p)))
+    bad = next(
+        (k for k, v in tensors.items() if v.is_floating_point() and not torch.isfinite(v).all()),
+        None,
+    )
+    if bad is not None:
+        raise ConfigError(f"checkpoint {str(p)!r}: tensor {bad!r} holds NaN or Inf")
+    return tensors
 
 
 def _unwrap(obj: object, where: str) -> dict[str, torch.Tensor]:

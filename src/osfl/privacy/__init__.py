@@ -6,7 +6,10 @@
   ``irlg``, ``idlg`` (:mod:`osfl.privacy.label_recovery`);
 - :mod:`osfl.privacy.metrics`: cAcc/iAcc (RLU Appendix B.4), PSNR/SSIM/LPIPS;
 - :mod:`osfl.privacy.inversion`: gradient inversion (Inverting Gradients);
-- :mod:`osfl.privacy.simulate`: an Observation without the FL runtime.
+- :mod:`osfl.privacy.simulate`: an Observation without the FL runtime;
+- :data:`RECONSTRUCTION_ATTACKS` / :func:`run_reconstruction_attack`: image
+  reconstruction from uploaded token sequences (``token_inversion``,
+  :mod:`osfl.privacy.token_inversion`, FALCON Table 5).
 
 See docs/privacy.md for the threat model and how to audit a run.
 """
@@ -24,6 +27,7 @@ from osfl.privacy.label_recovery import (
     make_config,
 )
 from osfl.privacy.label_recovery import resolve as resolve_inputs
+from osfl.privacy.token_inversion import RECONSTRUCTION_ATTACKS, run_reconstruction_attack
 
 if TYPE_CHECKING:
     import torch
@@ -63,10 +67,12 @@ def run_attack(
 
 __all__ = [
     "ATTACKS",
+    "RECONSTRUCTION_ATTACKS",
     "AttackInputs",
     "LabelAttack",
     "LabelRecoveryResult",
     "ObservationError",
     "resolve_inputs",
     "run_attack",
+    "run_reconstruction_attack",
 ]

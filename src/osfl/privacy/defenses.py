@@ -195,8 +195,14 @@ def defense_config(spec: Mapping[str, Any] | DefenseConfig | None) -> DefenseCon
     valid = [f.name for f in dataclasses.fields(DefenseConfig)]
     unknown = sorted(set(spec) - set(valid))
     if unknown:
+        hint = (
+            " (YAML needs a space after each colon: defense={sigma: 0.05}, or defense.sigma=0.05)"
+            if any(":" in str(k) for k in unknown)
+            else ""
+        )
         raise ConfigError(
-            f"unknown defense option(s) {', '.join(unknown)}; valid: {', '.join(valid)}"
+            f"unknown defense option(s) {', '.join(map(str, unknown))}; valid: "
+            f"{', '.join(valid)}{hint}"
         )
     return DefenseConfig(**dict(spec))
 

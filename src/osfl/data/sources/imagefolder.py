@@ -133,6 +133,13 @@ def _scan(root: Path) -> _Listing:
             f"no image files under {str(root)!r}; expected train/<class>/*, test/<class>/*, "
             f"<domain>/<class>/* or <class>/* with extensions {sorted(IMAGE_EXTENSIONS)}"
         )
+    used = sorted({listing.classes[i] for i in listing.labels.tolist()})
+    if len(used) < 2:
+        raise DataError(
+            f"{str(root)!r} holds {len(files)} image(s) in {len(used)} class folder(s) "
+            f"({', '.join(used[:3])}); an image folder needs at least two classes laid out as "
+            "train/<class>/*, test/<class>/*, <domain>/<class>/* or <class>/*"
+        )
     return listing
 
 

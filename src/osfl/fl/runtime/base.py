@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -36,6 +37,11 @@ class ClientData(Protocol):
 
     def data(self, client: int) -> ImageSet: ...
 
+    def size(self, client: int) -> int | None:
+        """How many samples the client holds, where the server knows it (a
+        rehearsal: it bounds the client's ``meta.num_samples``), else ``None``."""
+        ...
+
 
 class PartitionedData:
     """The clients of a :class:`~osfl.data.federation.Federation` over one train
@@ -50,6 +56,11 @@ class PartitionedData:
     @property
     def num_clients(self) -> int:
         return len(self.federation.client_indices)
+
+    def size(self, client: int) -> int | None:
+        if not 0 <= client < self.num_clients:
+            return None
+        return len(self.federation.client_indices[client])
 
     def data(self, client: int) -> ImageSet:
         if not 0 <= client < self.num_clients:
@@ -69,6 +80,11 @@ class Job:
 
     ``evaluator(predictor) -> metrics`` scores the final predictor on the
     server (and, with ``eval_every > 0``, every ``eval_every`` rounds).
+    ``state_dir``: where the round loop saves the server state after every
+    round and every accepted upload, and resumes from when it finds them
+    there (:mod:`osfl.fl.runtime.checkpoint`); ``None``: nothing is saved.
+    ``evaluate_at_clients``: the server holds no test set; the sites score
+    the released final model on theirs (:mod:`osfl.fl.runtime.sites`).
     """
 
     method: Method
@@ -77,6 +93,8 @@ class Job:
     seed: int
     evaluator: Evaluator | None = None
     eval_every: int = 0
+    state_dir: Path | None = None
+    evaluate_at_clients: bool = False
 
     @property
     def num_clients(self) -> int:
@@ -97,10 +115,12 @@ class RoundRecord:
     time_client_s: float
     time_server_s: float
     metrics: dict[str, Any] = field(default_factory=dict)
+    warnings: dict[int, list[str]] = field(default_factory=dict)  # client -> its training's
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["refused"] = {str(k): v for k, v in self.refused.items()}
+        d["warnings"] = {str(k): v for k, v in self.warnings.items()}
         return d
 
 
@@ -121,6 +141,17 @@ class RunResult:
     @property
     def refused(self) -> list[tuple[int, int, str]]:
         return [(r.round, c, why) for r in self.rounds for c, why in r.refused.items()]
+
+    @property
+    def warnings(self) -> list[str]:
+        """Every client's training warnings and the evaluation's, one line each."""
+        lines = [
+            f"client {c} (round {r.round}): {w}"
+            for r in self.rounds
+            for c, ws in r.warnings.items()
+            for w in ws
+        ]
+        return lines + [str(w) for w in self.metrics.get("warnings", [])]
 
 
 class Runtime(Protocol):

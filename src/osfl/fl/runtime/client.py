@@ -17,7 +17,7 @@ import torch
 from osfl.errors import UploadError
 from osfl.fl.context import ClientContext, ClientState
 from osfl.fl.seeds import derive_seed
-from osfl.fl.training import record_step_labels
+from osfl.fl.training import collect_training_warnings, record_step_labels
 from osfl.fl.upload import Broadcast
 
 if TYPE_CHECKING:
@@ -34,13 +34,15 @@ def client_generator(seed: int, client: int, round: int) -> torch.Generator:
 @dataclass
 class ClientTurn:
     """What a client produced: its upload bytes (``None`` when it sent nothing,
-    with the reason in ``failure``), its state for the next round, and the
-    labels its local steps used (the audits' ground truth; never sent)."""
+    with the reason in ``failure``), its state for the next round, the labels
+    its local steps used (the audits' ground truth; never sent), and its local
+    training's warnings (a diverging loss, a client that did not learn)."""
 
     upload: bytes | None
     state: bytes | None
     failure: str | None = None
     step_labels: torch.Tensor | None = None
+    warnings: tuple[str, ...] = ()  # what the client's local training said was wrong
 
 
 def run_client(
@@ -71,10 +73,12 @@ def run_client(
     )
     broadcast = Broadcast.from_bytes(payload, client=client)
     try:
-        with record_step_labels() as steps:
+        with record_step_labels() as steps, collect_training_warnings() as warnings:
             upload = method.client_update(ctx, broadcast, data).to_bytes()
         new_state = ctx.state.to_bytes()
     except UploadError as e:
         return ClientTurn(upload=None, state=state, failure=str(e))
     labels = torch.cat([y.to("cpu") for y in steps]) if steps else None
-    return ClientTurn(upload=upload, state=new_state, step_labels=labels)
+    return ClientTurn(
+        upload=upload, state=new_state, step_labels=labels, warnings=tuple(dict.fromkeys(warnings))
+    )

@@ -10,7 +10,7 @@ step of the simulation (:func:`~osfl.fl.runtime.client.run_client`) with its
 state from earlier rounds read from and written back to Flower's
 ``Context.state`` — same seed, same data, same state, same upload bytes.
 
-Two handlers:
+Three handlers:
 
 - ``query.osfl_whoami``: answers the server's discovery with the node's
   ``partition-id`` and the digest of the job it built.
@@ -18,12 +18,22 @@ Two handlers:
   client step and replies with the Upload's safetensors bytes. A failure
   becomes a Flower error reply whose reason the server logs when it drops
   this client.
+- ``evaluate.osfl_evaluate`` (real sites without a server test set): scores
+  the method's released final state on this site's own test set and replies
+  with counts (:class:`~osfl.fl.runtime.sites.SiteScore`).
+
+At a real site (run config ``sites = true``) the node builds its job from its
+own data (node config ``data``); with node config ``state-dir`` it also keeps
+its client state in a file there, so that a restarted ServerApp (a new Flower
+run, hence a fresh ``Context.state``) finds the state of the rounds before.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
+from pathlib import Path
 
 from flwr.app import Context, Error, Message
 from flwr.clientapp import ClientApp
@@ -32,17 +42,21 @@ from osfl.errors import ConfigError, OsflError, UploadError
 from osfl.fl.runtime.base import Job
 from osfl.fl.runtime.client import run_client
 from osfl.fl.runtime.flower_records import (
+    MSG_EVALUATE,
     MSG_TRAIN,
     MSG_WHOAMI,
     Envelope,
     pack,
     read_state,
     read_whoami_query,
+    score_record,
     unpack,
     whoami_record,
     write_state,
 )
 from osfl.fl.runtime.flower_spec import JOBS, JobBuilder, JobSpec, job_parts, parts_mismatch
+from osfl.fl.runtime.sites import SiteData, score_at_site
+from osfl.fl.state_codec import state_from_bytes
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +102,27 @@ def make_client_app(builder: JobBuilder, spec: JobSpec | None = None) -> ClientA
     app = ClientApp()
 
     def job_for(context: Context) -> tuple[Job, str]:
-        return JOBS.get(builder, spec or JobSpec.from_run_config(context.run_config))
+        base = spec or JobSpec.from_run_config(context.run_config)
+        return JOBS.get(builder, base.with_node(context.node_config))
+
+    def checked(msg: Message, context: Context) -> tuple[int, Envelope, Job, str]:
+        """This node's id, the message's envelope and the job, after checking
+        that the message is for this node and this job."""
+        pid = partition_id(context)
+        env = unpack(msg.content, client=pid)
+        if env.client != pid:
+            raise UploadError(
+                f"the server addressed client {env.client} to this node, which is "
+                f"partition-id {pid}",
+                client=pid,
+            )
+        job, digest = job_for(context)
+        if env.job != digest:
+            raise ConfigError(
+                f"this node built job {digest} but the server runs job {env.job}: start "
+                "the SuperLink run and the SuperNodes with the same osfl config, data and seed"
+            )
+        return pid, env, job, digest
 
     def whoami(msg: Message, context: Context) -> Message:
         pid = partition_id(context)
@@ -104,20 +138,11 @@ def make_client_app(builder: JobBuilder, spec: JobSpec | None = None) -> ClientA
         return Message(whoami_record(pid, digest), reply_to=msg)
 
     def update(msg: Message, context: Context) -> Message:
-        pid = partition_id(context)
-        env = unpack(msg.content, client=pid)
-        if env.client != pid:
-            raise UploadError(
-                f"the server addressed client {env.client} to this node, which is "
-                f"partition-id {pid}",
-                client=pid,
-            )
-        job, digest = job_for(context)
-        if env.job != digest:
-            raise ConfigError(
-                f"this node built job {digest} but the server runs job {env.job}: start "
-                "the SuperLink run and the SuperNodes with the same osfl config, data and seed"
-            )
+        pid, env, job, digest = checked(msg, context)
+        state_file = _state_file(context, digest, pid)
+        before = read_state(context.state, client=pid)
+        if before is None and state_file is not None and state_file.is_file():
+            before = state_file.read_bytes()  # kept on disk across a server restart
         turn = run_client(
             job.method,
             job.run,
@@ -126,13 +151,41 @@ def make_client_app(builder: JobBuilder, spec: JobSpec | None = None) -> ClientA
             seed=job.seed,
             payload=env.payload,
             data=job.clients.data(pid),
-            state=read_state(context.state, client=pid),
+            state=before,
         )
         if turn.upload is None:
             raise UploadError(turn.failure or "no upload", client=pid)
         write_state(context.state, turn.state)
-        return Message(pack(Envelope(turn.upload, env.round, pid, digest)), reply_to=msg)
+        if state_file is not None and turn.state is not None:
+            _write_atomically(state_file, turn.state)
+        reply = Envelope(turn.upload, env.round, pid, digest, notes=turn.warnings)
+        return Message(pack(reply), reply_to=msg)
+
+    def evaluate(msg: Message, context: Context) -> Message:
+        pid, env, job, digest = checked(msg, context)
+        if not isinstance(job.clients, SiteData) or job.clients.test is None:
+            raise ConfigError("only a real site (sites = true) evaluates the final model")
+        predictor = job.method.predictor(state_from_bytes(env.payload))
+        score = score_at_site(predictor, job.clients.test, job.run.eval_transform, job.run.device)
+        return Message(score_record(pid, digest, score.as_meta()), reply_to=msg)
 
     app.query(MSG_WHOAMI.partition(".")[2])(_guarded(whoami))
     app.train(MSG_TRAIN.partition(".")[2])(_guarded(update))
+    app.evaluate(MSG_EVALUATE.partition(".")[2])(_guarded(evaluate))
     return app
+
+
+def _state_file(context: Context, digest: str, pid: int) -> Path | None:
+    """Where this node keeps its client state between server runs (node
+    config ``state-dir``), or ``None``."""
+    root = context.node_config.get("state-dir")
+    if not isinstance(root, str) or not root:
+        return None
+    return Path(root) / f"{digest}-client{pid}.safetensors"
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

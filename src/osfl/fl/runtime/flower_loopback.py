@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
@@ -39,7 +39,8 @@ from osfl.errors import ConfigError
 from osfl.fl.observers import Observer
 from osfl.fl.runtime.base import Job, RunResult
 from osfl.fl.runtime.flower_client import make_client_app
-from osfl.fl.runtime.flower_server import FlowerGridRuntime
+from osfl.fl.runtime.flower_secagg_client import add_secure_train
+from osfl.fl.runtime.flower_secagg_server import grid_runtime
 from osfl.fl.runtime.flower_spec import JobSpec
 from osfl.fl.runtime.simulation import SimulationRuntime
 
@@ -86,8 +87,9 @@ class LoopbackGrid(Grid):
     """``num_nodes`` virtual SuperNodes running ``client_app`` in this process.
 
     ``run_config`` is what each node's Context carries (the ClientApp reads
-    its job spec there unless it was built with a fixed one); ``wire=False``
-    skips the wire round trip (only to measure its cost).
+    its job spec there unless it was built with a fixed one); ``node_configs``
+    adds entries to each node's node config (a real site's ``data``);
+    ``wire=False`` skips the wire round trip (only to measure its cost).
     """
 
     def __init__(
@@ -96,6 +98,7 @@ class LoopbackGrid(Grid):
         num_nodes: int,
         *,
         run_config: dict[str, str | int | float | bool] | None = None,
+        node_configs: Sequence[Mapping[str, str | int | float | bool]] | None = None,
         parallel: int = 1,
         wire: bool = True,
     ):
@@ -103,6 +106,8 @@ class LoopbackGrid(Grid):
             raise ConfigError(f"a loopback federation needs at least one node, got {num_nodes}")
         if parallel < 1:
             raise ConfigError(f"parallel must be >= 1, got {parallel}")
+        if node_configs is not None and len(node_configs) != num_nodes:
+            raise ConfigError(f"node_configs needs one entry per node ({num_nodes})")
         self.client_app = client_app
         self.wire = wire
         self.parallel = parallel
@@ -111,7 +116,11 @@ class LoopbackGrid(Grid):
             FIRST_NODE_ID + i: Context(
                 run_id=1,
                 node_id=FIRST_NODE_ID + i,
-                node_config={"partition-id": i, "num-partitions": num_nodes},
+                node_config={
+                    "partition-id": i,
+                    "num-partitions": num_nodes,
+                    **(dict(node_configs[i]) if node_configs else {}),
+                },
                 state=RecordDict(),
                 run_config=dict(run_config or {}),
             )
@@ -211,7 +220,9 @@ class FlowerLoopbackRuntime(SimulationRuntime):
             return job
 
         app = make_client_app(same_job, JobSpec())
+        if job.run.secagg.enabled:
+            app = add_secure_train(app, same_job, JobSpec())
         grid = LoopbackGrid(app, job.num_clients, parallel=self.parallel, wire=self.wire)
-        runtime = FlowerGridRuntime(grid, threads=self.pinned_threads())
+        runtime = grid_runtime(grid, job.run.secagg, threads=self.pinned_threads())
         with loopback_identity():
             return runtime.execute(job, observers=observers)

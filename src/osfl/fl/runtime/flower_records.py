@@ -15,7 +15,7 @@ A message's :class:`flwr.app.RecordDict` holds two records:
   ``client`` (the client id the server assigned to that node, checked by the
   node against its own ``partition-id``) and ``job`` (a digest of what both
   sides built: data, partition, model, training recipe, method, seed — see
-  :func:`osfl.fl.runtime.flower_job.job_digest`), so a node started with a
+  :func:`osfl.fl.runtime.identity.job_digest`), so a node started with a
   different config is refused instead of silently training on other data.
 
 A client's :class:`~osfl.fl.context.ClientState` between rounds lives in the
@@ -44,20 +44,24 @@ PAYLOAD_STYPE = "safetensors"
 STATE_RECORD = "osfl.client_state"
 WHOAMI_RECORD = "osfl.whoami"
 QUERY_RECORD = "osfl.query"
+SCORE_RECORD = "osfl.score"
 
 #: Flower message types (``<category>.<action>``) the osfl ClientApp answers.
 MSG_WHOAMI = "query.osfl_whoami"
 MSG_TRAIN = "train.osfl_update"
+MSG_EVALUATE = "evaluate.osfl_evaluate"
 
 
 @dataclass(frozen=True)
 class Envelope:
-    """A payload (safetensors bytes) and who/when it is for."""
+    """A payload (safetensors bytes) and who/when it is for; a client's reply
+    may carry ``notes`` (its local training's warnings, for the run's record)."""
 
     payload: bytes
     round: int
     client: int
     job: str
+    notes: tuple[str, ...] = ()
 
 
 def _bytes_record(data: bytes) -> ArrayRecord:
@@ -82,7 +86,12 @@ def pack(env: Envelope) -> RecordDict:
         {
             PAYLOAD_RECORD: _bytes_record(env.payload),
             META_RECORD: ConfigRecord(
-                {"round": int(env.round), "client": int(env.client), "job": str(env.job)}
+                {
+                    "round": int(env.round),
+                    "client": int(env.client),
+                    "job": str(env.job),
+                    "notes": json.dumps(list(env.notes)),
+                }
             ),
         }
     )
@@ -108,7 +117,23 @@ def unpack(content: RecordDict, *, client: int | str | None = None) -> Envelope:
         round=int(meta["round"]),
         client=int(meta["client"]),
         job=str(meta["job"]),
+        notes=_notes(meta.get("notes"), client),
     )
+
+
+def _notes(raw: Any, client: int | str | None) -> tuple[str, ...]:
+    """A reply's notes: a JSON list of at most 20 short strings, else refused."""
+    if raw is None:
+        return ()
+    try:
+        notes = json.loads(str(raw))
+    except json.JSONDecodeError as e:
+        raise UploadError(f"{META_RECORD}.notes is not JSON: {e}", client=client) from e
+    if not isinstance(notes, list) or len(notes) > 20 or not all(isinstance(n, str) for n in notes):
+        raise UploadError(
+            f"{META_RECORD}.notes must be a list of at most 20 strings", client=client
+        )
+    return tuple(n[:500] for n in notes)
 
 
 def whoami_query(job: str, parts: Mapping[str, Any]) -> RecordDict:
@@ -158,3 +183,31 @@ def write_state(state: RecordDict, data: bytes | None) -> None:
     """Keep ``data`` (a serialised client state) in the node's ``Context.state``."""
     if data is not None:
         state[STATE_RECORD] = _bytes_record(data)
+
+
+def score_record(client: int, job: str, score: Mapping[str, Any]) -> RecordDict:
+    """A site's evaluation of the released model (counts, JSON)."""
+    return RecordDict(
+        {
+            SCORE_RECORD: ConfigRecord(
+                {"client": int(client), "job": job, "score": json.dumps(dict(score))}
+            )
+        }
+    )
+
+
+def read_score(content: RecordDict, *, client: int) -> tuple[int, str, dict[str, Any]]:
+    """``(client, job digest, score)`` of an evaluation reply; malformed: UploadError."""
+    rec = content.config_records.get(SCORE_RECORD)
+    if rec is None or not isinstance(rec.get("client"), int) or not isinstance(rec.get("job"), str):
+        raise UploadError(f"evaluation reply lacks {SCORE_RECORD}", client=client)
+    raw = rec.get("score")
+    if not isinstance(raw, str) or len(raw) > 1_000_000:
+        raise UploadError(f"{SCORE_RECORD}.score must be a JSON string", client=client)
+    try:
+        score = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise UploadError(f"{SCORE_RECORD}.score is not JSON: {e}", client=client) from e
+    if not isinstance(score, dict):
+        raise UploadError(f"{SCORE_RECORD}.score must be a JSON object", client=client)
+    return int(rec["client"]), str(rec["job"]), score

@@ -21,39 +21,49 @@ from typing import Any
 from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
-from osfl.errors import ConfigError, OsflError, UploadError
+from osfl.errors import ConfigError, DataError, OsflError, UploadError
 from osfl.fl.context import ClientState
 from osfl.fl.observers import Observer
 from osfl.fl.progress import ProgressTask
 from osfl.fl.runtime.base import Job, RunResult
 from osfl.fl.runtime.client import ClientTurn
+from osfl.fl.runtime.flower_client import ERROR_CLIENT_FAILED
 from osfl.fl.runtime.flower_records import (
+    MSG_EVALUATE,
     MSG_TRAIN,
     MSG_WHOAMI,
     Envelope,
     pack,
+    read_score,
     read_whoami,
     unpack,
     whoami_query,
 )
 from osfl.fl.runtime.flower_spec import JobSpec, job_digest, job_parts
 from osfl.fl.runtime.rounds import RoundLoop
+from osfl.fl.runtime.sites import SiteScore
 
 log = logging.getLogger(__name__)
 
 
-def wait_for_nodes(grid: Grid, count: int, timeout: float, poll: float = 0.5) -> list[int]:
-    """The connected node ids once at least ``count`` are connected."""
+def wait_for_nodes(
+    grid: Grid, count: int, timeout: float, poll: float = 0.5, at_least: int | None = None
+) -> list[int]:
+    """The connected node ids once ``count`` are connected, or, when
+    ``timeout`` passes, once at least ``at_least`` (default ``count``) are."""
     deadline = time.monotonic() + timeout
+    need = count if at_least is None else at_least
     while True:
         nodes = sorted(grid.get_node_ids())
         if len(nodes) >= count:
             return nodes
         if time.monotonic() > deadline:
+            if len(nodes) >= need:
+                return nodes
             raise OsflError(
-                f"only {len(nodes)} of {count} SuperNodes connected within {timeout:.0f} s: "
-                "start one flower-supernode per client (--node-config 'partition-id=<i>'), "
-                "or raise the run config 'node-timeout'"
+                f"only {len(nodes)} of {count} SuperNodes connected within {timeout:.0f} s "
+                f"(at least {need} needed): start one flower-supernode per client "
+                "(--node-config 'partition-id=<i>'), or raise the run config 'node-timeout'"
             )
         time.sleep(poll)
 
@@ -65,14 +75,19 @@ def discover_clients(grid: Grid, job: Job, digest: str, timeout: float) -> dict[
     differs (another config, data or osfl version) answers with an error that
     names the differing parts, and the run stops here rather than mid-way.
     """
-    nodes = wait_for_nodes(grid, job.num_clients, timeout)
+    need = job.run.server.min_clients
+    nodes = wait_for_nodes(grid, job.num_clients, timeout, at_least=need)
     query = whoami_query(digest, job_parts(job))
     msgs = [Message(query, dst_node_id=n, message_type=MSG_WHOAMI) for n in nodes]
     mapping: dict[int, int] = {}
     problems: list[str] = []
+    gone: list[str] = []
     for reply in grid.send_and_receive(msgs, timeout=timeout):
         node = reply.metadata.src_node_id
-        if reply.has_error():
+        if reply.has_error() and reply.error.code != ERROR_CLIENT_FAILED:
+            gone.append(f"node {node}: {reply.error.reason}")  # Flower's: unreachable, dropped
+            continue
+        if reply.has_error():  # the node's osfl refused the job: a misconfigured site
             problems.append(f"node {node}: {reply.error.reason}")
             continue
         cid, theirs = read_whoami(reply.content)
@@ -83,21 +98,29 @@ def discover_clients(grid: Grid, job: Job, digest: str, timeout: float) -> dict[
         else:
             mapping[cid] = node
     missing = [c for c in range(job.num_clients) if c not in mapping]
-    if missing:
-        detail = "; ".join(problems) or "no node answered for them"
+    if len(mapping) < need or (problems and missing):  # a misconfigured site stops the run
+        detail = "; ".join(problems + gone) or "no node answered for them"
         raise ConfigError(
             f"no usable SuperNode for client(s) {missing} of {job.num_clients} ({detail}); "
             "start one flower-supernode per client with --node-config 'partition-id=<i>'"
         )
-    for p in problems:
-        log.warning("discovery: %s", p)
+    if missing:  # not connected in time or unreachable: the rounds go on without them
+        log.warning(
+            "no SuperNode for client(s) %s: they count as dropped out (%s)",
+            missing,
+            "; ".join(gone) or "not connected",
+        )
+    if problems:  # every client has its node: a stray extra node is only logged
+        log.warning("SuperNode(s) not used: %s", "; ".join(problems))
+    log.info("discovery: client(s) %s answered", sorted(mapping))
     return mapping
 
 
 def reply_payload(
     reply: Message | None, client: int, round: int, digest: str, timeout: float
-) -> bytes:
-    """The upload bytes of a client's reply, or an UploadError saying why not."""
+) -> Envelope:
+    """The envelope of a client's reply (its upload bytes, its notes), or an
+    UploadError saying why not."""
     if reply is None:
         raise UploadError(f"no reply within {timeout:.0f} s", client=client)
     if reply.has_error():
@@ -109,14 +132,17 @@ def reply_payload(
             f"client {client}, round {round}, job {digest}",
             client=client,
         )
-    return env.payload
+    return env
 
 
 class GridTransport:
     """One train message per client, sent together; replies in client order."""
 
-    def __init__(self, grid: Grid, nodes: Mapping[int, int], digest: str, timeout: float):
+    def __init__(
+        self, grid: Grid, nodes: Mapping[int, int], digest: str, timeout: float, num_classes: int
+    ):
         self.grid, self.nodes, self.digest, self.timeout = grid, dict(nodes), digest, timeout
+        self.num_classes = num_classes
 
     def exchange(
         self, round: int, clients: list[int], payload: bytes, task: ProgressTask
@@ -129,15 +155,20 @@ class GridTransport:
                 group_id=str(round),
             )
             for c in clients
+            if c in self.nodes
         ]
-        replies = self.grid.send_and_receive(msgs, timeout=self.timeout)
+        replies = self.grid.send_and_receive(msgs, timeout=self.timeout) if msgs else []
         by_node = {m.metadata.src_node_id: m for m in replies}
         turns: dict[int, ClientTurn] = {}
         for c in clients:
+            if c not in self.nodes:
+                turns[c] = ClientTurn(upload=None, state=None, failure="no SuperNode connected")
+                task.advance()
+                continue
             reply = by_node.get(self.nodes[c])
             try:
-                raw = reply_payload(reply, c, round, self.digest, self.timeout)
-                turns[c] = ClientTurn(upload=raw, state=None)
+                env = reply_payload(reply, c, round, self.digest, self.timeout)
+                turns[c] = ClientTurn(upload=env.payload, state=None, warnings=env.notes)
             except UploadError as e:
                 turns[c] = ClientTurn(upload=None, state=None, failure=str(e))
             task.advance()
@@ -145,6 +176,42 @@ class GridTransport:
 
     def client_states(self) -> dict[int, ClientState]:
         return {}  # each SuperNode keeps its own state in its Context.state
+
+    def restore(self, states: Mapping[int, bytes]) -> None:
+        """Nothing to give back: each SuperNode keeps its own state."""
+
+    def evaluate(
+        self, payload: bytes, clients: list[int]
+    ) -> tuple[dict[int, SiteScore], dict[int, str]]:
+        """Every site scores the released final state on its own test set."""
+        sent = [c for c in clients if c in self.nodes]
+        msgs = [
+            Message(
+                pack(Envelope(payload, -1, c, self.digest)),
+                dst_node_id=self.nodes[c],
+                message_type=MSG_EVALUATE,
+                group_id="evaluate",
+            )
+            for c in sent
+        ]
+        replies = self.grid.send_and_receive(msgs, timeout=self.timeout) if msgs else []
+        by_node = {m.metadata.src_node_id: m for m in replies}
+        scores: dict[int, SiteScore] = {}
+        failures = {c: "no SuperNode connected" for c in clients if c not in self.nodes}
+        for c in sent:
+            reply = by_node.get(self.nodes[c])
+            try:
+                if reply is None:
+                    raise UploadError(f"no reply within {self.timeout:.0f} s", client=c)
+                if reply.has_error():
+                    raise UploadError(f"the site failed: {reply.error.reason}", client=c)
+                who, job, score = read_score(reply.content, client=c)
+                if (who, job) != (c, self.digest):
+                    raise UploadError(f"reply is for client {who}, job {job}", client=c)
+                scores[c] = SiteScore.from_meta(score, self.num_classes, c)
+            except (UploadError, DataError) as e:
+                failures[c] = str(e)
+        return scores, failures
 
 
 class FlowerGridRuntime:
@@ -180,7 +247,7 @@ class FlowerGridRuntime:
             digest,
         )
         nodes = discover_clients(self.grid, job, digest, self.node_timeout)
-        transport = GridTransport(self.grid, nodes, digest, self.round_timeout)
+        transport = GridTransport(self.grid, nodes, digest, self.round_timeout, job.run.num_classes)
         return RoundLoop(job, transport, observers, threads=self.threads).execute()
 
 

@@ -21,22 +21,36 @@ Run-config keys (Flower's kebab-case; all optional):
 ``out-dir``         the server's run directory; ``""`` = ``runs/<stamp>-<name>-flower``
 ``round-timeout``   seconds the server waits for a round's replies (600)
 ``node-timeout``    seconds the server waits for the SuperNodes to connect (120)
+``sites``           ``true``: real sites, each SuperNode reads its own data
+                    (node config ``data``, optionally ``test-data``) and the
+                    server holds none; ``false`` (default): a rehearsal, every
+                    party builds the whole federation from the config
+``server-test``     a data source the server evaluates on (``sites`` only;
+                    ``""``: the sites evaluate the final model themselves)
+``resume``          ``true``: continue the unfinished run in ``out-dir``
 ==================  ==========================================================
+
+Node-config keys a SuperNode of a ``sites`` run reads: ``partition-id`` (its
+client id), ``data`` (its train data, any source spec such as
+``imagefolder:/srv/site3``), ``test-data`` (its test data; default: the test
+split of ``data``) and ``state-dir`` (where it keeps its client state between
+rounds, so a restarted server finds it).
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import dataclasses
 import shlex
 import threading
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, is_dataclass
+from dataclasses import dataclass
 from typing import Any
 
 from osfl.errors import ConfigError
-from osfl.fl.cache import transform_key
-from osfl.fl.runtime.base import Job, PartitionedData
+from osfl.fl.runtime.base import Job
+from osfl.fl.runtime.identity import job_digest, job_parts, parts_mismatch
+
+__all__ = ["JOBS", "JobBuilder", "JobCache", "JobSpec", "job_digest", "job_parts", "parts_mismatch"]
 
 
 @dataclass(frozen=True)
@@ -52,6 +66,11 @@ class JobSpec:
     out_dir: str = ""
     round_timeout: float = 600.0
     node_timeout: float = 120.0
+    sites: bool = False
+    server_test: str = ""
+    resume: bool = False
+    #: a site's id and own data specs (``partition-id``, ``data``, ``test-data``)
+    node: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if self.round_timeout <= 0 or self.node_timeout <= 0:
@@ -66,7 +85,7 @@ class JobSpec:
             value = run_config.get(key, default)
             if kind is float and isinstance(value, int) and not isinstance(value, bool):
                 value = float(value)
-            if not isinstance(value, kind) or isinstance(value, bool):
+            if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
                 raise ConfigError(f"run config {key!r} must be a {kind.__name__}, got {value!r}")
             return value
 
@@ -79,7 +98,20 @@ class JobSpec:
             out_dir=get("out-dir", str, ""),
             round_timeout=get("round-timeout", float, 600.0),
             node_timeout=get("node-timeout", float, 120.0),
+            sites=get("sites", bool, False),
+            server_test=get("server-test", str, ""),
+            resume=get("resume", bool, False),
         )
+
+    def with_node(self, node_config: Mapping[str, Any]) -> JobSpec:
+        """This spec with a site's own data specs from its node config (a
+        ``sites`` run only; a rehearsal node builds from the config alone)."""
+        if not self.sites:
+            return self
+        items = tuple(
+            (key, str(node_config[key])) for key in NODE_KEYS if node_config.get(key) is not None
+        )
+        return dataclasses.replace(self, node=items)
 
     def to_run_config(self) -> dict[str, str | int | float]:
         """The inverse of :meth:`from_run_config` (what ``flwr run -c`` or the
@@ -92,66 +124,17 @@ class JobSpec:
             "out-dir": self.out_dir,
             "round-timeout": float(self.round_timeout),
             "node-timeout": float(self.node_timeout),
+            "sites": bool(self.sites),
+            "server-test": self.server_test,
+            "resume": bool(self.resume),
         }
 
 
+#: The node-config keys that name a site's own data (see the module docstring).
+NODE_KEYS = ("partition-id", "data", "test-data")
+
 #: Builds a process's job from the spec (the osfl experiment builder, or a test's).
 JobBuilder = Callable[[JobSpec], Job]
-
-
-def _plain(obj: Any) -> Any:
-    """A JSON-able view of configs (dataclasses, mappings) for hashing."""
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return _plain(asdict(obj))
-    if isinstance(obj, Mapping):
-        return {str(k): _plain(v) for k, v in sorted(obj.items(), key=lambda kv: str(kv[0]))}
-    if isinstance(obj, list | tuple):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, str | int | float | bool) or obj is None:
-        return obj
-    return repr(obj)
-
-
-def job_parts(job: Job) -> dict[str, Any]:
-    """What makes two processes' jobs equal (JSON-able): the method, its config
-    and public hyper-parameters (local recipe, FL scheme, any defence wrapper),
-    the model, the task, the seed and — in a rehearsal, where every side holds
-    the same data set and partition — the data's content and the federation."""
-    method, run = job.method, job.run
-    parts: dict[str, Any] = {
-        "method": method.name,
-        "method_config": _plain(method.config),
-        "public_hparams": _plain(method.public_hparams()),
-        "model": _plain(run.model.key()),
-        "train": _plain(run.train),
-        "transforms": [transform_key(run.train_transform), transform_key(run.eval_transform)],
-        "num_classes": int(run.num_classes),
-        "num_clients": int(job.num_clients),
-        "seed": int(job.seed),
-    }
-    if isinstance(job.clients, PartitionedData):
-        parts["data"] = job.clients.train.fingerprint()
-        parts["federation"] = job.clients.federation.key()
-    return parts
-
-
-def job_digest(job: Job) -> str:
-    """A short sha256 of :func:`job_parts`."""
-    text = json.dumps(job_parts(job), sort_keys=True, default=repr)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def parts_mismatch(mine: Mapping[str, Any], theirs: Mapping[str, Any]) -> str:
-    """A readable list of the parts that differ (``""`` when none do)."""
-    keys = sorted(set(mine) | set(theirs))
-    diffs = [
-        f"{k}: here {json.dumps(mine.get(k), default=repr)[:120]} vs "
-        f"server {json.dumps(theirs.get(k), default=repr)[:120]}"
-        for k in keys
-        if json.dumps(mine.get(k), sort_keys=True, default=repr)
-        != json.dumps(theirs.get(k), sort_keys=True, default=repr)
-    ]
-    return "; ".join(diffs)
 
 
 class JobCache:

@@ -14,7 +14,7 @@ its kernels; uploads are aggregated in client order).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -27,6 +27,7 @@ from osfl.fl.progress import ProgressTask
 from osfl.fl.runtime.base import Evaluator, Job, PartitionedData, RunResult
 from osfl.fl.runtime.client import ClientTurn, run_client
 from osfl.fl.runtime.rounds import RoundLoop
+from osfl.fl.runtime.sites import SiteScore
 
 if TYPE_CHECKING:
     from osfl.data.federation import Federation
@@ -76,8 +77,21 @@ class InProcessClients:
 
     def client_states(self) -> dict[int, ClientState]:
         return {
-            c: ClientState.from_bytes(raw, client=c) for c, raw in sorted(self.states.items()) if raw
+            c: ClientState.from_bytes(raw, client=c)
+            for c, raw in sorted(self.states.items())
+            if raw
         }
+
+    def restore(self, states: Mapping[int, bytes]) -> None:
+        self.states.update(states)
+
+    def evaluate(
+        self, payload: bytes, clients: list[int]
+    ) -> tuple[dict[int, SiteScore], dict[int, str]]:
+        raise ConfigError(
+            "evaluation at the clients needs real sites, each with its own test set; "
+            "in simulation the server evaluates on the test split"
+        )
 
 
 class SimulationRuntime:

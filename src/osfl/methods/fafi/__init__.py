@@ -2,7 +2,8 @@
 Inconsistency in One-shot Federated Learning", ICML 2025): self-alignment
 local training (SALT, :mod:`.losses`, :mod:`.client`) and informative
 feature fused inference (IFFI, :mod:`.fusion`), registered as the method
-``fafi`` (:mod:`.method`). See docs/methods/fafi.md.
+``fafi`` (:mod:`.method`); the public code's recipe is the method
+``fafi_code``. See docs/methods/fafi.md.
 """
 
 from osfl.methods.fafi.client import FAFIExtractor, FAFINet, SaltLoss, TwoViews
@@ -20,10 +21,12 @@ from osfl.methods.fafi.losses import (
     prototype_scores,
     prototype_separation_loss,
 )
-from osfl.methods.fafi.method import FAFI, FAFIConfig
+from osfl.methods.fafi.method import FAFI, FAFICode, FAFICodeConfig, FAFIConfig
 
 __all__ = [
     "FAFI",
+    "FAFICode",
+    "FAFICodeConfig",
     "FAFIConfig",
     "FAFIExtractor",
     "FAFINet",

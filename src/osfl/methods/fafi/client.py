@@ -117,8 +117,12 @@ class SaltLoss:
     """The engine's ``loss_fn(model, x, y)`` for SALT; ``x`` comes from :class:`TwoViews`.
 
     ``ssl_weight * L_ssl + proto_weight * L_proto + ce_weight * CE +
-    sep_weight * L_sep``, all with temperature ``tau``. ``L_proto`` and CE
-    see the features of both views.
+    sep_weight * L_sep``. ``L_ssl`` runs at ``ssl_tau``, ``L_proto`` and
+    ``L_sep`` at ``proto_tau`` (``None``: both ``tau``, the paper's single
+    temperature). ``L_proto`` and CE see the features of both views.
+    ``proto_similarity`` scores features against prototypes (``cosine``:
+    the paper; ``unit_feature``: normalised feature · raw prototype, the public
+    code, whose separation term then also uses the raw ``P·Pᵀ``).
     """
 
     tau: float = 0.5
@@ -129,6 +133,9 @@ class SaltLoss:
     ssl_labels: bool = True
     ssl_denominator: str = "negatives"
     proto_denominator: str = "negatives"
+    ssl_tau: float | None = None
+    proto_tau: float | None = None
+    proto_similarity: str = "cosine"
 
     def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         b = y.shape[0]
@@ -139,22 +146,29 @@ class SaltLoss:
             )
         f = model.features(x)
         yy = torch.cat([y, y])
+        ssl_tau = self.tau if self.ssl_tau is None else self.ssl_tau
+        proto_tau = self.tau if self.proto_tau is None else self.proto_tau
         loss = f.new_zeros((), dtype=torch.float32)
         if self.ssl_weight:
             f1, f2 = f[:b], f[b:]
             labels = y if self.ssl_labels else None
             loss = loss + self.ssl_weight * contrastive_loss(
-                f1, f2, labels, tau=self.tau, denominator=self.ssl_denominator
+                f1, f2, labels, tau=ssl_tau, denominator=self.ssl_denominator
             )
         if self.proto_weight:
             loss = loss + self.proto_weight * prototype_loss(
-                f, model.prototypes, yy, tau=self.tau, denominator=self.proto_denominator
+                f,
+                model.prototypes,
+                yy,
+                tau=proto_tau,
+                denominator=self.proto_denominator,
+                similarity=self.proto_similarity,
             )
         if self.ce_weight:
             loss = loss + self.ce_weight * F.cross_entropy(model.logits(f).float(), yy)
         if self.sep_weight:
             loss = loss + self.sep_weight * prototype_separation_loss(
-                model.prototypes, tau=self.tau
+                model.prototypes, tau=proto_tau, normalize=self.proto_similarity == "cosine"
             )
         return loss
 

@@ -15,7 +15,13 @@ The public code's weighting is a no-op and its test images are unnormalised
 input space the predictor receives, and the weights are per client and per
 sample. ``fusion="average"`` is the plain mean (the paper's Table 9 "Average"
 row and Table 3's IFFI-off ablation); other noise parameters are the other
-rows of Table 9.
+rows of Table 9. ``fusion="data_size"`` weights client m by its share of the
+training samples, the public code's ``WEnsembleFeature`` (with
+``aggregated_by_datasize``), which is what its evaluation actually runs.
+
+Scoring (``SCORINGS``): ``cosine`` is Eq. 10; ``unit_feature`` is the public
+code's ``eval_with_proto``: the normalised fused feature · the *raw* mean
+prototypes, so a prototype's norm acts as a per-class logit scale.
 """
 
 from __future__ import annotations
@@ -31,7 +37,8 @@ from torch import nn
 from osfl.errors import ConfigError
 from osfl.fl.method import Predictor
 
-FUSIONS = ("iffi", "average")
+FUSIONS = ("iffi", "average", "data_size")
+SCORINGS = ("cosine", "unit_feature")
 
 
 def global_prototypes(prototypes: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -102,8 +109,10 @@ class IFFIPredictor(Predictor):
     its features of the K noise images (K = 1 is the paper's single draw).
     ``normalize_features`` L2-normalises each client feature before fusing
     (not in the paper; it keeps an extractor with large feature norms from
-    dominating when architectures differ). Scores are cosines to the global
-    prototypes.
+    dominating when architectures differ). ``client_weights`` (M values,
+    e.g. sample counts) are the fixed weights of ``fusion="data_size"``.
+    ``scoring`` compares the fused feature with the global prototypes
+    (``SCORINGS``; ``cosine`` is Eq. 10).
     """
 
     def __init__(
@@ -114,17 +123,34 @@ class IFFIPredictor(Predictor):
         fusion: str = "iffi",
         noise: torch.Tensor | NoiseSpec | None = None,
         normalize_features: bool = False,
+        client_weights: Sequence[float] | None = None,
+        scoring: str = "cosine",
     ):
         super().__init__()
         if fusion not in FUSIONS:
             raise ConfigError(f"fafi: fusion must be one of {', '.join(FUSIONS)}; got {fusion!r}")
+        if scoring not in SCORINGS:
+            raise ConfigError(
+                f"fafi: scoring must be one of {', '.join(SCORINGS)}; got {scoring!r}"
+            )
         if fusion == "iffi" and noise is None:
             raise ValueError("IFFI fusion needs noise images or a NoiseSpec")
         if not extractors:
             raise ValueError("IFFIPredictor needs at least one extractor")
+        if fusion == "data_size":
+            if client_weights is None or len(client_weights) != len(extractors):
+                raise ValueError("fusion='data_size' needs one client weight per extractor")
+            if any(not (w >= 0 and math.isfinite(w)) for w in client_weights) or not sum(
+                client_weights
+            ):
+                raise ValueError(
+                    f"client weights must be finite, >= 0, not all 0: {client_weights}"
+                )
         self.extractors = nn.ModuleList(extractors)
         self.fusion = fusion
+        self.scoring = scoring
         self.normalize_features = normalize_features
+        self.client_weights = None if client_weights is None else [float(w) for w in client_weights]
         self.noise_spec = noise if isinstance(noise, NoiseSpec) else None
         fixed = noise.detach().float().clone() if isinstance(noise, torch.Tensor) else None
         self.register_buffer("prototypes", prototypes.detach().float().clone())
@@ -161,13 +187,23 @@ class IFFIPredictor(Predictor):
         weights = None
         if self.fusion == "iffi":
             weights = iffi_weights(feats, self.noise_features(x))
+        elif self.fusion == "data_size":
+            assert self.client_weights is not None
+            w = torch.tensor(self.client_weights, device=feats.device)
+            weights = w[:, None].expand(feats.shape[0], feats.shape[1])
         self.last_weights = weights
         return fuse(feats, weights)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """B×C cosine similarities to the global prototypes (Eq. 10 takes the argmax)."""
-        fused = self.fused_features(x)
-        return F.normalize(fused, dim=1) @ F.normalize(self.prototypes, dim=1).T
+        """B×C scores against the global prototypes (Eq. 10 takes the argmax of
+        the cosines; ``unit_feature``: dot products with the raw prototypes)."""
+        fused = F.normalize(self.fused_features(x), dim=1)
+        protos = (
+            self.prototypes
+            if self.scoring == "unit_feature"
+            else F.normalize(self.prototypes, dim=1)
+        )
+        return fused @ protos.T
 
     def train(self, mode: bool = True) -> IFFIPredictor:
         self._noise_feats = None  # BN statistics may change with the mode

@@ -20,6 +20,12 @@ Inconsistency in One-shot Federated Learning", ICML 2025, §4.2:
   the prototypes apart: each prototype must classify as itself against the
   others.
 
+Similarities (``SIMILARITIES``): ``cosine`` (the paper), ``unit_feature``
+(L2-normalised feature · *raw* prototype, the public code's
+``LearnableProtoResNet``: the prototype norm is a learned per-class logit
+scale) and ``dot`` (raw · raw). The last two are unbounded below with the
+negatives-only denominator, so they need ``denominator="all"``.
+
 Every loss averages the per-anchor terms of the anchors for which it is
 defined (at least one positive and one denominator term); an anchor without
 them (a one-class batch under ``denominator="negatives"``) adds nothing, and a
@@ -34,7 +40,7 @@ import torch.nn.functional as F
 from osfl.errors import ConfigError
 
 DENOMINATORS = ("negatives", "all")
-SIMILARITIES = ("cosine", "dot")
+SIMILARITIES = ("cosine", "unit_feature", "dot")
 
 
 def _check(name: str, value: str, valid: tuple[str, ...]) -> None:
@@ -99,11 +105,14 @@ def contrastive_loss(
 def prototype_scores(
     feats: torch.Tensor, prototypes: torch.Tensor, *, similarity: str = "cosine"
 ) -> torch.Tensor:
-    """N×C similarities of features (N×D) to prototypes (C×D)."""
+    """N×C similarities of features (N×D) to prototypes (C×D) (see ``SIMILARITIES``)."""
     _check("proto_similarity", similarity, SIMILARITIES)
+    f, p = feats.float(), prototypes.float()
+    if similarity in ("cosine", "unit_feature"):
+        f = F.normalize(f, dim=1)
     if similarity == "cosine":
-        return F.normalize(feats.float(), dim=1) @ F.normalize(prototypes.float(), dim=1).T
-    return feats.float() @ prototypes.float().T
+        p = F.normalize(p, dim=1)
+    return f @ p.T
 
 
 def prototype_loss(
@@ -121,10 +130,10 @@ def prototype_loss(
     ``"all"`` is softmax cross-entropy over every prototype.
     """
     _check("proto_denominator", denominator, DENOMINATORS)
-    if similarity == "dot" and denominator == "negatives":
+    if similarity != "cosine" and denominator == "negatives":
         raise ConfigError(
-            "fafi: proto_similarity='dot' with proto_denominator='negatives' is unbounded "
-            "below; use proto_similarity='cosine' or proto_denominator='all'"
+            f"fafi: proto_similarity={similarity!r} with proto_denominator='negatives' is "
+            "unbounded below; use proto_similarity='cosine' or proto_denominator='all'"
         )
     c = prototypes.shape[0]
     if c < 2:
@@ -135,12 +144,19 @@ def prototype_loss(
     return _masked_mean_nll(logits, onehot, den)
 
 
-def prototype_separation_loss(prototypes: torch.Tensor, *, tau: float = 0.5) -> torch.Tensor:
-    """Keeps prototypes apart: cross-entropy of ``cos(P, P) / tau`` with targets ``0..C-1``.
+def prototype_separation_loss(
+    prototypes: torch.Tensor, *, tau: float = 0.5, normalize: bool = True
+) -> torch.Tensor:
+    """Keeps prototypes apart: cross-entropy of ``sim(P, P) / tau`` with targets ``0..C-1``.
 
-    Minimal when the prototypes are mutually far (each is its own nearest
-    prototype by the widest margin); it never touches features.
+    ``sim`` is the cosine (``normalize=True``) or the raw ``P·Pᵀ`` of the
+    public code's ``Contrastive_proto_loss`` (which also grows the norms, the
+    prototypes' logit scale under ``unit_feature`` scoring). Minimal when the
+    prototypes are mutually far (each is its own nearest prototype by the
+    widest margin); it never touches features.
     """
-    p = F.normalize(prototypes.float(), dim=1)
+    p = prototypes.float()
+    if normalize:
+        p = F.normalize(p, dim=1)
     logits = p @ p.T / tau
     return F.cross_entropy(logits, torch.arange(p.shape[0], device=p.device))

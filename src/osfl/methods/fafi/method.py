@@ -33,7 +33,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from osfl.data.imageset import ImageSet
-from osfl.data.transforms import PIPELINES, Compose, Normalize, Transform, build_transform
+from osfl.data.transforms import (
+    PIPELINES,
+    Compose,
+    Normalize,
+    Transform,
+    build_transform,
+    simclr_pipeline,
+)
 from osfl.errors import ConfigError
 from osfl.fl.client_training import train_client
 from osfl.fl.context import ClientContext, ModelSpec
@@ -41,13 +48,34 @@ from osfl.fl.method import Method, Predictor, register_method
 from osfl.fl.seeds import derive_seed
 from osfl.fl.train_config import TrainConfig
 from osfl.fl.training import init_model
-from osfl.fl.upload import NUM_SAMPLES, Broadcast, TensorSpec, Upload, UploadSpec
-from osfl.methods.clients import average_states, public_fl_hparams, sample_counts
+from osfl.fl.upload import (
+    NUM_SAMPLES,
+    Broadcast,
+    TensorSpec,
+    Upload,
+    UploadSpec,
+    spec_from_state_dict,
+)
+from osfl.methods.clients import (
+    average_states,
+    member_problem,
+    public_fl_hparams,
+    sample_counts,
+)
 from osfl.methods.fafi.client import FAFINet, SaltLoss, TwoViews
-from osfl.methods.fafi.fusion import FUSIONS, IFFIPredictor, NoiseSpec, global_prototypes
-from osfl.methods.fafi.losses import DENOMINATORS
+from osfl.methods.fafi.fusion import (
+    FUSIONS,
+    SCORINGS,
+    IFFIPredictor,
+    NoiseSpec,
+    global_prototypes,
+)
+from osfl.methods.fafi.losses import DENOMINATORS, SIMILARITIES
 
 PROTOTYPE_KINDS = ("auto", "learned", "head", "class_mean")
+#: which prototype rows a client's optimiser moves: every row (Eq. 5), or only the rows of
+#: the classes the client holds (the others stay the common initial anchors)
+PROTO_UPDATES = ("all", "held")
 FUSION_CHOICES = (*FUSIONS, "params")
 _EXT = "extractor."
 
@@ -59,6 +87,9 @@ class FAFIConfig:
     tau=0.5 and N(0, 1) noise: paper Appendix E. Loss weights 1/1/0/0: Eq. 6
     (the public code's extra CE and prototype-separation terms are off).
     Negatives-only denominators and same-label positives: Eq. 4–5 as written.
+    Cosine similarity and scoring: §4.2, Eq. 10. ``crop_scale`` (0.2, 1): the
+    public code's RandomResizedCrop (the paper names no scale). The public
+    code's recipe is :class:`FAFICodeConfig` (method ``fafi_code``).
     """
 
     tau: float = 0.5
@@ -69,26 +100,57 @@ class FAFIConfig:
     ssl_labels: bool = True
     ssl_denominator: str = "negatives"
     proto_denominator: str = "negatives"
+    ssl_tau: float | None = None
+    proto_tau: float | None = None
+    proto_similarity: str = "cosine"
     augment: str = "simclr"
+    crop_scale: tuple[float, float] = (0.2, 1.0)
     prototypes: str = "auto"
     feature_dim: int | None = None
     proto_init_std: float = 1.0
+    proto_update: str = "all"
     models: list[str] = field(default_factory=list)
     model_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
     fusion: str = "iffi"
+    scoring: str = "cosine"
     noise_mean: float = 0.0
     noise_std: float = 1.0
     noise_samples: int = 1
     normalize_features: bool = False
     local_epochs: int | None = None
     lr: float | None = None
+    grad_clip: float | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "crop_scale", tuple(float(v) for v in self.crop_scale))
+
         def need(ok: bool, msg: str) -> None:
             if not ok:
                 raise ConfigError(f"method.fafi: {msg}")
 
         need(self.tau > 0, f"tau must be > 0, got {self.tau}")
+        for name in ("ssl_tau", "proto_tau", "grad_clip"):
+            value = getattr(self, name)
+            need(value is None or value > 0, f"{name} must be > 0 or null, got {value}")
+        need(
+            self.proto_similarity in SIMILARITIES,
+            f"proto_similarity must be one of {', '.join(SIMILARITIES)}, "
+            f"got {self.proto_similarity!r}",
+        )
+        need(
+            self.proto_similarity == "cosine" or self.proto_denominator == "all",
+            f"proto_similarity={self.proto_similarity!r} needs proto_denominator='all' "
+            "(with the negatives-only denominator raw prototypes make L_proto unbounded below)",
+        )
+        need(
+            self.scoring in SCORINGS,
+            f"scoring must be one of {', '.join(SCORINGS)}, got {self.scoring!r}",
+        )
+        lo, hi = self.crop_scale if len(self.crop_scale) == 2 else (0.0, 0.0)
+        need(
+            len(self.crop_scale) == 2 and 0 < lo <= hi <= 1,
+            f"crop_scale must be [lo, hi] with 0 < lo <= hi <= 1, got {list(self.crop_scale)}",
+        )
         for name in ("ssl_weight", "proto_weight", "ce_weight", "sep_weight"):
             need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
         need(
@@ -123,6 +185,10 @@ class FAFIConfig:
             f"local_epochs must be >= 1 or null, got {self.local_epochs}",
         )
         need(self.proto_init_std > 0, f"proto_init_std must be > 0, got {self.proto_init_std}")
+        need(
+            self.proto_update in PROTO_UPDATES,
+            f"proto_update must be one of {', '.join(PROTO_UPDATES)}, got {self.proto_update!r}",
+        )
         need(self.lr is None or self.lr > 0, f"lr must be > 0 or null, got {self.lr}")
         PIPELINES.get(self.augment)  # unknown pipeline -> ConfigError listing the valid ones
         NoiseSpec(self.noise_mean, self.noise_std, self.noise_samples)  # validates the noise
@@ -152,6 +218,9 @@ class FAFIConfig:
             ssl_labels=self.ssl_labels,
             ssl_denominator=self.ssl_denominator,
             proto_denominator=self.proto_denominator,
+            ssl_tau=self.ssl_tau,
+            proto_tau=self.proto_tau,
+            proto_similarity=self.proto_similarity,
         )
 
 
@@ -201,6 +270,7 @@ class FAFI(Method):
     """Server state: ``{"init": {arch: FAFINet state}, "clients": {id: {...}}}``."""
 
     Config: ClassVar[type] = FAFIConfig
+    smoke: ClassVar[tuple[str, ...]] = ("method.fafi.augment=flip",)
     one_shot: ClassVar[bool] = True
     default_run: ClassVar[bool] = True
     default_order: ClassVar[int] = 20
@@ -271,6 +341,8 @@ class FAFI(Method):
             cfg = dataclasses.replace(cfg, epochs=self.config.local_epochs, steps=None)
         if self.config.lr is not None:
             cfg = dataclasses.replace(cfg, lr=self.config.lr)
+        if self.config.grad_clip is not None:
+            cfg = dataclasses.replace(cfg, grad_clip=self.config.grad_clip)
         return cfg
 
     def salt_transform(self, data: ImageSet) -> Transform:
@@ -280,7 +352,11 @@ class FAFI(Method):
         c, h = probe.shape[1], probe.shape[2]
         norm = find_normalize(self.run.eval_transform)
         mean, std = (norm.mean, norm.std) if norm is not None else ((0.0,) * c, (1.0,) * c)
-        return TwoViews(build_transform(self.config.augment, image_size=h, mean=mean, std=std))
+        if self.config.augment == "simclr":
+            base = simclr_pipeline(h, mean, std, crop_scale=self.config.crop_scale)
+        else:
+            base = build_transform(self.config.augment, image_size=h, mean=mean, std=std)
+        return TwoViews(base)
 
     def train_net(self, ctx: ClientContext, net: FAFINet, data: ImageSet, arch: str) -> FAFINet:
         cfg = self.local_config()
@@ -295,16 +371,26 @@ class FAFI(Method):
         extra = {"arch": self._arch_key(arch), "feature_dim": self.config.feature_dim}
         if objective == "fafi":
             extra["salt"] = loss.key()
-        train_client(
-            ctx,
-            data,
-            model=net,
-            cfg=cfg,
-            transform=transform,
-            loss_fn=loss,
-            objective=objective,
-            extra_key=extra,
-        )
+        hook = None
+        if self.config.proto_update == "held" and objective == "fafi":
+            extra["proto_update"] = "held"
+            held = torch.bincount(data.labels, minlength=net.prototypes.shape[0]) > 0
+            mask = held.to(net.prototypes.device, net.prototypes.dtype)[:, None]
+            hook = net.prototypes.register_hook(lambda g: g * mask)
+        try:
+            train_client(
+                ctx,
+                data,
+                model=net,
+                cfg=cfg,
+                transform=transform,
+                loss_fn=loss,
+                objective=objective,
+                extra_key=extra,
+            )
+        finally:
+            if hook is not None:
+                hook.remove()
         return net.eval()
 
     def _arch_key(self, arch: str) -> Any:
@@ -331,14 +417,15 @@ class FAFI(Method):
 
     # --- validation ------------------------------------------------------
     def _extractor_spec(self, state: dict[str, Any], arch: str) -> dict[str, TensorSpec]:
-        if arch not in self._specs:
-            net = self.build_net(arch)
-            net.load_state_dict(state["init"][arch])
-            self._specs[arch] = {
-                _EXT + k: TensorSpec(tuple(v.shape), v.dtype, finite=v.is_floating_point())
-                for k, v in net.extractor().state_dict().items()
-            }
+        if arch not in self._specs:  # BatchNorm variances >= 0, every float finite
+            extractor = self._initial_extractor(state, arch).state_dict()
+            self._specs[arch] = spec_from_state_dict(extractor, prefix=_EXT).tensors
         return self._specs[arch]
+
+    def _initial_extractor(self, state: dict[str, Any], arch: str) -> nn.Module:
+        net = self.build_net(arch)
+        net.load_state_dict(state["init"][arch])
+        return net.extractor()
 
     def _proto_spec(self, state: dict[str, Any]) -> TensorSpec:
         d = next(iter(state["init"].values()))["prototypes"].shape[1]
@@ -350,6 +437,28 @@ class FAFI(Method):
         tensors = {**self._extractor_spec(state, self.arch_of(client))}
         tensors["prototypes"] = self._proto_spec(state)
         return UploadSpec(tensors=tensors, meta={"num_samples": NUM_SAMPLES})
+
+    def screen(self, state: dict[str, Any], round: int, client: int, upload: Upload) -> str | None:
+        """``server.member_filter``: an extractor whose features on the
+        server's probe batch are not finite, or prototypes whose norms
+        overflow (valid-looking poisons that break every fused score), are
+        refused; ``finite_norm`` also bounds the
+        extractor's update (``server.max_update_norm``)."""
+        if self.run.server.member_filter == "none":
+            return None
+        arch = self.arch_of(client)
+        norms = upload.tensors["prototypes"].float().norm(dim=1)  # as the fusion computes them
+        if not bool(torch.isfinite(norms).all()):
+            return "prototype norms overflow float32: the fused scores would not be finite"
+
+        def load(extractor: Mapping[str, torch.Tensor]) -> nn.Module:
+            module = self.build_net(arch).extractor()
+            module.load_state_dict(dict(extractor), strict=True)
+            return module
+
+        tensors = {k[len(_EXT) :]: v for k, v in upload.tensors.items() if k.startswith(_EXT)}
+        init = self._initial_extractor(state, arch).state_dict()
+        return member_problem(self.run, tensors, init, build=load)
 
     def aggregate(
         self, state: dict[str, Any], uploads: Mapping[int, Upload], round: int
@@ -392,7 +501,7 @@ class FAFI(Method):
             avg = average_states([state["clients"][c]["extractor"] for c in ids], weights)
             ext = self.build_net(self.arch_of(ids[0])).extractor()
             ext.load_state_dict(avg, strict=True)
-            return IFFIPredictor([ext.eval()], protos, fusion="average")
+            return IFFIPredictor([ext.eval()], protos, fusion="average", scoring=cfg.scoring)
         noise = NoiseSpec(
             cfg.noise_mean,
             cfg.noise_std,
@@ -405,6 +514,8 @@ class FAFI(Method):
             fusion=cfg.fusion,
             noise=noise if cfg.fusion == "iffi" else None,
             normalize_features=cfg.normalize_features,
+            client_weights=[float(state["clients"][c]["num_samples"]) for c in ids],
+            scoring=cfg.scoring,
         )
 
     def public_hparams(self) -> dict[str, Any]:
@@ -412,3 +523,46 @@ class FAFI(Method):
         hp["train"] = dataclasses.asdict(self.local_config())
         hp["fl"] = public_fl_hparams(self.name, self.config)
         return hp
+
+
+@dataclass(frozen=True)
+class FAFICodeConfig(FAFIConfig):
+    """The public code's recipe (github.com/zenghui9977/FAFI_ICML25,
+    ``our_local_training.py`` / ``our_main.py``) as defaults; every other
+    option is FAFI's (see docs/methods/fafi.md, "The code variant").
+
+    * SupCon on the normalised features at τ 0.07 (``SupConLoss(temperature=0.07)``,
+      every other sample in the denominator);
+    * normalised feature · *raw* learnable prototypes with a full-softmax CE at
+      temperature 1; the code adds this CE twice (``cls_loss`` on the model's
+      logits and ``Contrastive_proto_feature_loss(temperature=1.0)``, the same
+      quantity), hence ``proto_weight=2``;
+    * prototype self-separation ``CE(P·Pᵀ, 0..C-1)`` on the raw prototypes
+      (``Contrastive_proto_loss(temperature=1.0)``);
+    * gradient-norm clipping at 1;
+    * inference: the data-size-weighted mean of the client features
+      (``WEnsembleFeature``), normalised, dot product with the raw mean
+      prototypes (``eval_with_proto``) — IFFI's noise weighting is not run.
+    """
+
+    ssl_denominator: str = "all"
+    ssl_tau: float | None = 0.07
+    proto_weight: float = 2.0
+    proto_denominator: str = "all"
+    proto_tau: float | None = 1.0
+    proto_similarity: str = "unit_feature"
+    sep_weight: float = 1.0
+    grad_clip: float | None = 1.0
+    fusion: str = "data_size"
+    scoring: str = "unit_feature"
+
+
+@register_method("fafi_code")
+class FAFICode(FAFI):
+    """FAFI with the public code's recipe as defaults (DESIGN.md §8: the code
+    variant kept where it matters for published numbers)."""
+
+    Config: ClassVar[type] = FAFICodeConfig
+    smoke: ClassVar[tuple[str, ...]] = ("method.fafi_code.augment=flip",)
+    default_run: ClassVar[bool] = False
+    default_order: ClassVar[int] = 21

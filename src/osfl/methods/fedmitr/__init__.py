@@ -9,13 +9,17 @@ token relabel on the server. See docs/methods/fedmitr.md.
 
 from osfl.methods.fedmitr.method import FedMITR, FedMITRConfig
 from osfl.methods.fedmitr.relabel import (
+    CLS_FILTERS,
     LOW_DENSITY_INPUTS,
     VARIANTS,
     RelabelWeights,
     TokenRelabelLoss,
+    Variant,
     ensemble_on_tokens,
 )
 from osfl.methods.fedmitr.sparse_inversion import (
+    KEPT_COUNTS,
+    STOPPED_PIXELS,
     SparseInversionResult,
     StopSchedule,
     forward_with_cls_attention,
@@ -26,10 +30,14 @@ from osfl.methods.fedmitr.sparse_inversion import (
     pixel_mask,
     remap_keep_idx,
     stop_lowest,
+    top_attention,
 )
 
 __all__ = [
+    "CLS_FILTERS",
+    "KEPT_COUNTS",
     "LOW_DENSITY_INPUTS",
+    "STOPPED_PIXELS",
     "VARIANTS",
     "FedMITR",
     "FedMITRConfig",
@@ -37,6 +45,7 @@ __all__ = [
     "SparseInversionResult",
     "StopSchedule",
     "TokenRelabelLoss",
+    "Variant",
     "ensemble_on_tokens",
     "forward_with_cls_attention",
     "idx_from_keep_mask",
@@ -46,4 +55,5 @@ __all__ = [
     "pixel_mask",
     "remap_keep_idx",
     "stop_lowest",
+    "top_attention",
 ]

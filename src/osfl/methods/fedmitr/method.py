@@ -30,8 +30,10 @@ run-wide ``model.kwargs.pretrained`` does the same for every method of a run
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from torch import nn
@@ -39,8 +41,18 @@ from torch import nn
 from osfl.errors import ConfigError
 from osfl.fl.method import register_method
 from osfl.methods.clients import cpu_state
-from osfl.methods.fedmitr.relabel import LOW_DENSITY_INPUTS, VARIANTS, TokenRelabelLoss
-from osfl.methods.fedmitr.sparse_inversion import StopSchedule, invert_sparse, patch_grid
+from osfl.methods.fedmitr.relabel import (
+    CLS_FILTERS,
+    LOW_DENSITY_INPUTS,
+    VARIANTS,
+    TokenRelabelLoss,
+)
+from osfl.methods.fedmitr.sparse_inversion import (
+    STOPPED_PIXELS,
+    StopSchedule,
+    invert_sparse,
+    patch_grid,
+)
 from osfl.methods.kd.base import DistillationMethod, KDConfig, ServerSide
 from osfl.methods.kd.pixels import InversionConfig, random_labels
 from osfl.methods.kd.pool import SyntheticPool
@@ -52,36 +64,42 @@ __all__ = ["FedMITR", "FedMITRConfig"]
 log = logging.getLogger(__name__)
 
 
+def _default_inversion() -> InversionConfig:
+    # Appendix A: 100 iterations, Adam lr 1e-3, betas (0.5, 0.99), alpha_TV 1e-4,
+    # JS alpha 1.0; the last iterate is kept (Algorithm 1 adds x after T_I iterations)
+    return InversionConfig(js_weight=1.0, keep="last")
+
+
 @dataclass(frozen=True)
 class FedMITRConfig(KDConfig):
     """KDConfig (server recipe, Appendix A) + sparse inversion + token relabel.
 
-    Inversion: ``iterations`` .. ``init_std`` (see
-    :class:`~osfl.methods.kd.pixels.InversionConfig`), ``mask_ratio`` (r) and
-    ``stop_at`` (fractions of ``iterations``). Relabel: ``lambda1``,
-    ``lambda2``, ``variant`` (fedmitr | inversion_kd | inversion_pl | no_cls |
-    no_kl), ``low_density_input`` (sparse | masked). ``pretrained``: local
-    checkpoint of the clients' initial weights.
+    ``inversion``: the pixel-inversion recipe
+    (:class:`~osfl.methods.kd.pixels.InversionConfig`; ViTs have no BatchNorm,
+    so ``bn_weight`` stays 0; ``keep``: ``last`` = Algorithm 1, ``best`` = SMI's
+    / ADI's lowest-loss batch), ``mask_ratio`` (r) and ``stop_at`` (fractions
+    of ``inversion.iterations``). ``jitter_per_patch``: the random roll's
+    maximum as a fraction of the patch size (``floor(fraction x patch)``
+    pixels, replacing ``inversion.jitter``; null = ``inversion.jitter`` as
+    given). SMI's code behaviours: ``kept_count`` (remaining | smi) and
+    ``stopped_pixels`` (frozen | priors). Relabel: ``lambda1``, ``lambda2``,
+    ``variant`` (fedmitr | inversion_kd | inversion_pl | no_cls | no_kl),
+    ``low_density_input`` (sparse | masked), ``cls_filter`` (none | teacher:
+    L_CLS only on images the ensemble labels as their pseudo-label; not in the
+    paper). ``pretrained``: local checkpoint of the clients' initial weights.
     """
 
-    iterations: int = 100
-    inv_lr: float = 1e-3
-    beta1: float = 0.5
-    beta2: float = 0.99
-    tv_l1_weight: float = 0.0
-    tv_l2_weight: float = 1e-4
-    l2_weight: float = 0.0
-    js_weight: float = 1.0
-    js_temperature: float = 3.0
-    jitter: int = 2
-    flip: bool = True
-    init_std: float = 1.0
+    inversion: InversionConfig = field(default_factory=_default_inversion)
     mask_ratio: float = 0.3
     stop_at: tuple[float, ...] = (0.1, 0.2, 0.4, 0.6)
+    jitter_per_patch: float | None = 0.125
+    kept_count: str = "remaining"
+    stopped_pixels: str = "frozen"
     lambda1: float = 0.5
     lambda2: float = 0.5
     variant: str = "fedmitr"
     low_density_input: str = "sparse"
+    cls_filter: str = "none"
     pretrained: str | None = None
 
     def __post_init__(self) -> None:
@@ -92,34 +110,41 @@ class FedMITRConfig(KDConfig):
                 "fedmitr: augment must be 'none' (the kept-patch masks index the "
                 f"un-augmented synthetic images), got {self.augment!r}"
             )
+        if self.inversion.bn_weight != 0:
+            raise ConfigError("fedmitr: inversion.bn_weight must be 0 (a ViT has no BatchNorm)")
+        if self.jitter_per_patch is not None and not 0 <= self.jitter_per_patch <= 8:
+            raise ConfigError(
+                f"fedmitr: jitter_per_patch must lie in [0, 8] or be null, got "
+                f"{self.jitter_per_patch}"
+            )
+        if self.stopped_pixels not in STOPPED_PIXELS:
+            raise ConfigError(
+                f"fedmitr: stopped_pixels must be one of {', '.join(STOPPED_PIXELS)}, "
+                f"got {self.stopped_pixels!r}"
+            )
         if self.lambda1 < 0 or self.lambda2 < 0:
             raise ConfigError(f"lambda1/lambda2 must be >= 0, got {self.lambda1}, {self.lambda2}")
         VARIANTS.get(self.variant)
         LOW_DENSITY_INPUTS.get(self.low_density_input)
-        self.schedule_()
-        self.inversion_config()
+        if self.cls_filter not in CLS_FILTERS:
+            raise ConfigError(
+                f"fedmitr: cls_filter must be one of {', '.join(CLS_FILTERS)}, "
+                f"got {self.cls_filter!r}"
+            )
+        StopSchedule(ratio=self.mask_ratio, stop_at=self.stop_at, kept_count=self.kept_count)
 
     def schedule_(self) -> StopSchedule:
-        return StopSchedule(ratio=self.mask_ratio, stop_at=self.stop_at)
+        """The stop schedule of the variant: dense (no stops) for ``inversion_kd``."""
+        if not VARIANTS.get(self.variant).sparse:
+            return StopSchedule(ratio=0.0, stop_at=(), kept_count=self.kept_count)
+        return StopSchedule(ratio=self.mask_ratio, stop_at=self.stop_at, kept_count=self.kept_count)
 
-    def inversion_config(self) -> InversionConfig:
-        return InversionConfig(
-            iterations=self.iterations,
-            lr=self.inv_lr,
-            beta1=self.beta1,
-            beta2=self.beta2,
-            ce_weight=1.0,
-            tv_l1_weight=self.tv_l1_weight,
-            tv_l2_weight=self.tv_l2_weight,
-            l2_weight=self.l2_weight,
-            js_weight=self.js_weight,
-            js_temperature=self.js_temperature,
-            jitter=self.jitter,
-            flip=self.flip,
-            init_std=self.init_std,
-            clip=True,
-            keep="last",
-        )
+    def inversion_for(self, patch_size: int) -> InversionConfig:
+        """``inversion`` with the jitter scaled to ``patch_size`` (``jitter_per_patch``)."""
+        if self.jitter_per_patch is None:
+            return self.inversion
+        jitter = math.floor(self.jitter_per_patch * patch_size + 1e-9)
+        return dataclasses.replace(self.inversion, jitter=jitter)
 
 
 @register_method("fedmitr")
@@ -127,6 +152,20 @@ class FedMITR(DistillationMethod):
     """Sparse model inversion + token relabel (see the module docstring)."""
 
     Config: ClassVar[type] = FedMITRConfig
+    smoke: ClassVar[tuple[str, ...]] = (
+        "model.name=vit_tiny_patch2_16",
+        "model.kwargs={depth: 1, embed_dim: 32, num_heads: 2}",
+        "data.max_per_class=60",
+        "partition.alpha=1.0",
+        "train.epochs=10",
+        "train.optimizer=adamw",
+        "train.lr=0.003",
+        "train.weight_decay=0.01",
+        "method.fedmitr.epochs=3",
+        "method.fedmitr.synthesis_batch_size=32",
+        "method.fedmitr.inversion={iterations: 20, lr: 0.1}",
+        "method.fedmitr.distill={batch_size: 32, optimizer: adam, lr: 0.001}",
+    )
 
     def init_state(self) -> dict[str, Any]:
         state = super().init_state()
@@ -155,9 +194,10 @@ class FedMITR(DistillationMethod):
     ) -> nn.Module:
         cfg = self.config
         members = list(teacher.members)
-        inv, schedule = cfg.inversion_config(), cfg.schedule_()
+        grid = patch_grid(student)
+        inv, schedule = cfg.inversion_for(min(grid[2], grid[3])), cfg.schedule_()
         weights = VARIANTS.get(cfg.variant)(cfg.lambda1, cfg.lambda2)
-        loss = TokenRelabelLoss(weights, patch_grid(student), cfg.low_density_input)
+        loss = TokenRelabelLoss(weights, grid, cfg.low_density_input, cfg.cls_filter)
         pool = SyntheticPool(cfg.pool_size, side.device)
         # augment is "none" (checked by the config): the masks index un-augmented images
         distiller = self.pool_distiller(side, teacher, student, loss_fn=loss)
@@ -176,6 +216,7 @@ class FedMITR(DistillationMethod):
                     space=side.space,
                     generator=side.generator,
                     device=side.device,
+                    stopped_pixels=cfg.stopped_pixels,
                 )
                 pool.add(res.images, res.labels, keep=res.keep_mask)
             return {

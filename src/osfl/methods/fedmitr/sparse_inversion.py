@@ -16,16 +16,24 @@ What makes it *sparse* lives here, in the ``forward`` handed to the engine:
 - every patch is "kept" at first; at each iteration in ``schedule.stop_at``
   the kept patches are ranked by the class token's attention in the **last**
   block, averaged over heads, recorded at the *previous* iteration, and the
-  lowest ``floor(r · remaining)`` of them stop being inverted (mask ratio
-  ``r`` of the *remaining* patches, as SMI's ``prune_ratio``);
+  lowest of them stop being inverted (mask ratio ``r`` of the *remaining*
+  patches, as SMI's ``prune_ratio``): ``K - floor(r·K)`` of the ``K`` stay
+  (``kept_count="remaining"``, default) or SMI's ``floor(K·(1 - r))``
+  (``kept_count="smi"``; one fewer whenever ``r·K`` is not an integer);
 - a stopped patch leaves the token set: the client (and the student in the
   JS term) run ``forward(x, keep_idx)`` on the kept patch tokens only, so it
-  gets no forward or backward computation at all, and its pixels are frozen
-  through the engine's ``update_mask`` (Adam's momentum cannot move them);
+  gets no forward or backward computation at all, and by default its pixels
+  are frozen through the engine's ``update_mask`` (Adam's momentum cannot
+  move them). SMI's code masks nothing: its stopped pixels keep moving under
+  the image priors (TV, l2) and Adam's momentum (``stopped_pixels="priors"``);
 - the engine's random roll / flip jitter moves image content; the kept
   indices (stored in the un-jittered frame) are remapped to the jittered
   patch grid (a roll moves a patch by the nearest whole number of patches,
   a flip mirrors the column), and the attention columns are mapped back.
+- the returned batch is the last iterate (``keep="last"``, FedMITR's
+  Algorithm 1) or, as SMI's and ADI's codes, the iterate of lowest loss
+  (``keep="best"``); SMI then recomputes the kept-patch mask from that
+  batch's dense last-block attention, as done here (same kept count).
 
 Stop schedule: the paper gives only r = 0.3. SMI's code stops at iterations
 (50, 100, 200, 300) of its inversion; we express the schedule as fractions of
@@ -37,6 +45,7 @@ stops at 10, 20, 40, 60; 64 patches -> 45, 32, 23, 17 kept).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -46,8 +55,11 @@ from osfl.errors import ConfigError
 from osfl.methods.kd.pixels import InversionConfig, InversionResult, InversionState, Jitter, invert
 from osfl.methods.kd.space import InputSpace
 from osfl.models.vit import VisionTransformer, pool_tokens
+from osfl.registry import Registry
 
 __all__ = [
+    "KEPT_COUNTS",
+    "STOPPED_PIXELS",
     "SparseInversionResult",
     "StopSchedule",
     "forward_with_cls_attention",
@@ -58,7 +70,19 @@ __all__ = [
     "pixel_mask",
     "remap_keep_idx",
     "stop_lowest",
+    "top_attention",
 ]
+
+
+#: ``kept_count`` rule -> patches kept when ``ratio`` of ``remaining`` stop (before the
+#: floor of one kept patch): ours keeps ``remaining - floor(ratio·remaining)``, SMI's code
+#: ``int(remaining·(1 - ratio))`` (``get_top_k_relative_indices_including_first``).
+KEPT_COUNTS: Registry[Callable[[int, float], int]] = Registry("kept_count rule")
+KEPT_COUNTS.add("remaining", lambda remaining, ratio: remaining - math.floor(ratio * remaining))
+KEPT_COUNTS.add("smi", lambda remaining, ratio: int(remaining * (1.0 - ratio)))
+
+#: what happens to the pixels of stopped patches (see the module docstring)
+STOPPED_PIXELS = ("frozen", "priors")
 
 
 @dataclass(frozen=True)
@@ -67,14 +91,17 @@ class StopSchedule:
 
     ``stop_at``: fractions of the inversion iterations in (0, 1) (sorted,
     distinct after rounding); ``ratio`` (FedMITR's mask ratio r): the share of
-    the *remaining* patches stopped at each of them. ``ratio = 0`` or an
-    empty ``stop_at`` is dense inversion.
+    the *remaining* patches stopped at each of them, counted by the
+    ``kept_count`` rule (:data:`KEPT_COUNTS`). ``ratio = 0`` or an empty
+    ``stop_at`` is dense inversion.
     """
 
     ratio: float = 0.3
     stop_at: tuple[float, ...] = (0.1, 0.2, 0.4, 0.6)
+    kept_count: str = "remaining"
 
     def __post_init__(self) -> None:
+        KEPT_COUNTS.get(self.kept_count)
         if not 0.0 <= self.ratio < 1.0:
             raise ConfigError(f"mask_ratio must lie in [0, 1), got {self.ratio}")
         if any(not 0.0 < f < 1.0 for f in self.stop_at):
@@ -95,15 +122,19 @@ class StopSchedule:
         return tuple(i for i in its if i < total)
 
     @staticmethod
-    def kept_after_stop(remaining: int, ratio: float) -> int:
+    def kept_after_stop(remaining: int, ratio: float, rule: str = "remaining") -> int:
         """Patches kept when ``ratio`` of ``remaining`` stop (at least one is kept)."""
-        return max(1, remaining - math.floor(ratio * remaining))
+        return max(1, KEPT_COUNTS.get(rule)(remaining, ratio))
+
+    def kept(self, remaining: int) -> int:
+        """This schedule's kept count after one stop."""
+        return self.kept_after_stop(remaining, self.ratio, self.kept_count)
 
     def kept_counts(self, num_patches: int, total: int) -> list[int]:
         """Kept patches after each stop iteration (for tests and docs)."""
         counts, k = [], num_patches
         for _ in self.iterations(total):
-            k = self.kept_after_stop(k, self.ratio)
+            k = self.kept(k)
             counts.append(k)
         return counts
 
@@ -165,12 +196,19 @@ def pixel_mask(keep_mask: torch.Tensor, grid: Grid) -> torch.Tensor:
     return m.repeat_interleave(ph, dim=2).repeat_interleave(pw, dim=3)
 
 
-def stop_lowest(keep_idx: torch.Tensor, attention: torch.Tensor, ratio: float) -> torch.Tensor:
+def stop_lowest(
+    keep_idx: torch.Tensor, attention: torch.Tensor, ratio: float, rule: str = "remaining"
+) -> torch.Tensor:
     """Keep the ``kept_after_stop`` patches of highest attention (B, K') sorted.
 
     ``attention`` (B, K) is aligned with ``keep_idx`` (B, K).
     """
-    k = StopSchedule.kept_after_stop(keep_idx.shape[1], ratio)
+    k = StopSchedule.kept_after_stop(keep_idx.shape[1], ratio, rule)
+    return top_attention(keep_idx, attention, k)
+
+
+def top_attention(keep_idx: torch.Tensor, attention: torch.Tensor, k: int) -> torch.Tensor:
+    """The ``k`` entries of ``keep_idx`` (B, K) of highest ``attention`` (B, K), sorted."""
     top = attention.topk(k, dim=1).indices
     return keep_idx.gather(1, top).sort(dim=1).values
 
@@ -181,13 +219,16 @@ def forward_with_cls_attention(
     """Logits and the last block's class-token-to-patch attention (head mean)
     in one pass (the attention costs one extra softmax of the last block, not
     a second forward). Equal to ``model(x, keep_idx)`` and
-    ``model.attention_maps(x, keep_idx=keep_idx)``."""
+    ``model.attention_maps(x, keep_idx=keep_idx)``: the class token and the
+    register tokens (DINOv2-reg) come first, so the patch columns start after
+    ``model.num_prefix_tokens``."""
+    prefix = model.num_prefix_tokens
     t = model.blocks[:-1](model.embed(x, keep_idx))
     last = model.blocks[-1]
     with torch.no_grad():
-        attn = last.attn.attention_weights(last.norm1(t))[:, :, 0, 1:].mean(dim=1)
+        attn = last.attn.attention_weights(last.norm1(t))[:, :, 0, prefix:].mean(dim=1)
     t = model.norm(last(t))
-    return model.forward_head(pool_tokens(t, model.global_pool, model.fc_norm)), attn
+    return model.forward_head(pool_tokens(t, model.global_pool, model.fc_norm, prefix)), attn
 
 
 # --------------------------------------------------------------------------- the inversion
@@ -219,19 +260,23 @@ def invert_sparse(
     space: InputSpace | None = None,
     generator: torch.Generator | None = None,
     device: torch.device | str = "cpu",
+    stopped_pixels: str = "frozen",
 ) -> SparseInversionResult:
     """Invert one batch from one client ViT with the stop schedule (Alg. 1, 6-11).
 
     ``student`` (the server ViT) is needed when ``cfg.js_weight > 0``; it sees
-    the same kept tokens. ``cfg.keep`` must be ``"last"`` when sparse (an
-    earlier "best" batch would not match the final mask).
+    the same kept tokens. ``stopped_pixels``: ``frozen`` (default) or
+    ``priors`` (SMI's code: no update mask). With ``cfg.keep="best"`` the
+    kept-patch mask is recomputed from the returned batch (SMI's code).
     """
     if not isinstance(client, VisionTransformer):
         raise ConfigError(
             f"FedMITR's sparse inversion needs ViT clients (osfl.models.vit), got {type(client).__name__}"
         )
-    if schedule.sparse and cfg.keep != "last":
-        raise ConfigError("sparse inversion needs keep='last' (the final mask must match)")
+    if stopped_pixels not in STOPPED_PIXELS:
+        raise ConfigError(
+            f"stopped_pixels must be one of {', '.join(STOPPED_PIXELS)}, got {stopped_pixels!r}"
+        )
     grid = patch_grid(client)
     n = client.num_patches
     b = labels.shape[0]
@@ -247,10 +292,11 @@ def invert_sparse(
         keep = st["keep"]
         assert keep is not None
         if state.step in stops and st["attn"] is not None:
-            keep = stop_lowest(keep, st["attn"], schedule.ratio)
+            keep = stop_lowest(keep, st["attn"], schedule.ratio, schedule.kept_count)
             st["keep"] = keep
             history.append(int(keep.shape[1]))
-            state.update_mask = pixel_mask(keep_mask_from_idx(keep, n), grid)
+            if stopped_pixels == "frozen":
+                state.update_mask = pixel_mask(keep_mask_from_idx(keep, n), grid)
         jit_idx = remap_keep_idx(keep, state.jitter, grid)
         state.extras["jit_idx"] = jit_idx
         if not schedule.sparse:
@@ -277,4 +323,17 @@ def invert_sparse(
     )
     keep = st["keep"]
     assert keep is not None
+    if schedule.sparse and cfg.keep == "best":
+        keep = _final_mask_of_best(client, res.images, keep.shape[1], dev)
     return SparseInversionResult(res, keep_mask_from_idx(keep, n).cpu(), history)
+
+
+def _final_mask_of_best(
+    client: VisionTransformer, images: torch.Tensor, k: int, device: torch.device
+) -> torch.Tensor:
+    """SMI's last step: the kept batch's ``k`` patches of highest dense last-block
+    class-token attention (the best batch may predate the last stop)."""
+    with torch.no_grad():
+        _, attn = forward_with_cls_attention(client, images.to(device))
+    every = torch.arange(attn.shape[1], device=device).expand(attn.shape[0], -1)
+    return top_attention(every, attn, k)

@@ -23,17 +23,16 @@ Methods registered here: ``deepinversion``, ``adi``, ``dense``, ``coboosting``,
 """
 
 from osfl.methods.kd import coboosting, deepinversion, dense, feddf, fedftg  # noqa: F401 (register)
+from osfl.methods.kd.augment import AUGMENTS, build_augment
 from osfl.methods.kd.base import (
-    AUGMENTS,
     DistillationMethod,
     KDConfig,
     PhaseTimer,
     ServerSide,
-    build_augment,
     frozen,
 )
 from osfl.methods.kd.distill import DistillConfig, Distiller, DistillStats, kd_objective
-from osfl.methods.kd.generator import Generator, reset_generator
+from osfl.methods.kd.generator import Generator, GeneratorConfig, reset_generator
 from osfl.methods.kd.pixels import (
     InversionConfig,
     InversionResult,
@@ -65,6 +64,7 @@ __all__ = [
     "Distiller",
     "EnsembleTeacher",
     "Generator",
+    "GeneratorConfig",
     "InputSpace",
     "InversionConfig",
     "InversionResult",

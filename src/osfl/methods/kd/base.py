@@ -29,11 +29,10 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from osfl.data.transforms import Compose, RandomCrop, RandomHorizontalFlip, Transform
+from osfl.data.transforms import Transform
 from osfl.errors import ConfigError
 from osfl.fl.context import RunContext
 from osfl.fl.method import Predictor
-from osfl.fl.optim import OPTIMIZERS, SCHEDULES
 from osfl.fl.seeds import derive_seed
 from osfl.fl.upload import Upload
 from osfl.methods.clients import (
@@ -45,77 +44,43 @@ from osfl.methods.clients import (
     model_from_state,
     public_fl_hparams,
 )
+from osfl.methods.kd.augment import AUGMENTS, build_augment
 from osfl.methods.kd.distill import DistillConfig, Distiller, LossFn
 from osfl.methods.kd.pool import SyntheticPool
 from osfl.methods.kd.space import InputSpace
 from osfl.methods.kd.teacher import EnsembleTeacher
-from osfl.registry import Registry
 
-__all__ = [
-    "AUGMENTS",
-    "INITS",
-    "DistillationMethod",
-    "KDConfig",
-    "PhaseTimer",
-    "ServerSide",
-    "build_augment",
-]
+__all__ = ["INITS", "DistillationMethod", "KDConfig", "PhaseTimer", "ServerSide"]
 
 log = logging.getLogger(__name__)
-
-#: KD-time augmentations of pool images (float batches in model-input space).
-AUGMENTS: Registry[Callable[[int], Transform | None]] = Registry("kd augmentation")
-AUGMENTS.add("none", lambda size: None)
-AUGMENTS.add("flip", lambda size: RandomHorizontalFlip())
-# DENSE / Co-Boosting distil on RandomCrop(32, padding=4) + flip of the pool images
-AUGMENTS.add(
-    "crop_flip",
-    lambda size: Compose([RandomCrop(size, padding=max(1, size // 8)), RandomHorizontalFlip()]),
-)
 
 #: How the server model starts: the clients' FedAvg, or the run's common random init.
 INITS = ("fedavg", "scratch")
 
 
-def build_augment(name: str, image_size: int) -> Transform | None:
-    return AUGMENTS.get(name)(image_size)
-
-
 @dataclass(frozen=True)
 class KDConfig:
-    """Options every data-free distillation method shares (flat, so that a
-    config or the command line sets them as ``method.<name>.<key>=...``).
+    """Options every data-free distillation method shares.
 
     Server model: ``init`` (``fedavg`` | ``scratch``). Teacher: ``weighting``
-    (``uniform`` | ``data_size``). Schedule of the server: ``epochs`` rounds of
+    (``uniform`` | ``data_size``). The server runs ``epochs`` rounds of
     synthesis (``synthesis_batch_size`` images per batch) then distillation
-    (``kd_steps`` steps of ``batch_size``; ``null`` = one pass over the pool)
-    with ``optimizer``/``lr``/``momentum``/``weight_decay``/``schedule``/
-    ``grad_clip``, loss ``kd_weight · T²·KL(temperature) + ce_weight · CE``,
-    pool images augmented by ``augment`` (none | flip | crop_flip), pool
-    capped at ``pool_size`` (null = unbounded). ``count_flops`` counts FLOPs
-    per phase (slower). The defaults are FedMITR's Appendix A server recipe;
-    each method overrides them with its own paper's/code's.
+    (``distill``: :class:`~osfl.methods.kd.distill.DistillConfig`, the
+    optimizer and the KD loss, set as ``method.<name>.distill.lr=...``), pool
+    images augmented by ``augment`` (none | flip | crop_flip), the pool capped
+    at ``pool_size`` (null = unbounded). ``count_flops`` counts FLOPs per phase
+    (slower). The defaults are FedMITR's Appendix A server recipe; each method
+    overrides them with its own paper's or code's.
     """
 
     init: str = "fedavg"
     weighting: str = "uniform"
     epochs: int = 20
     synthesis_batch_size: int = 64
-    batch_size: int = 64
-    kd_steps: int | None = None
-    optimizer: str = "sgdm"
-    lr: float = 0.001
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    schedule: str = "constant"
-    grad_clip: float | None = None
-    temperature: float = 1.0
-    kd_weight: float = 1.0
-    ce_weight: float = 0.0
     augment: str = "none"
     pool_size: int | None = None
     count_flops: bool = False
+    distill: DistillConfig = field(default_factory=DistillConfig)
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -131,25 +96,6 @@ class KDConfig:
         )
         WEIGHTINGS.get(self.weighting)
         AUGMENTS.get(self.augment)
-        OPTIMIZERS.get(self.optimizer)
-        SCHEDULES.get(self.schedule)
-        self.distill_config()  # validates the distillation fields
-
-    def distill_config(self) -> DistillConfig:
-        return DistillConfig(
-            batch_size=self.batch_size,
-            steps=self.kd_steps,
-            epochs=self.epochs,
-            optimizer=self.optimizer,
-            lr=self.lr,
-            momentum=self.momentum,
-            weight_decay=self.weight_decay,
-            schedule=self.schedule,
-            grad_clip=self.grad_clip,
-            temperature=self.temperature,
-            kd_weight=self.kd_weight,
-            ce_weight=self.ce_weight,
-        )
 
 
 class PhaseTimer:
@@ -299,13 +245,14 @@ class DistillationMethod(ClientModelsMethod):
         student: nn.Module,
         loss_fn: LossFn | None = None,
     ) -> Distiller:
-        """The :class:`Distiller` of the server recipe (``distill_config``, the
+        """The :class:`Distiller` of the server recipe (``distill``, the
         KD-time ``augment``, the server's generator), shared so that DENSE,
         Co-Boosting, DeepInversion and FedMITR distil the same way."""
         return Distiller(
             student,
             teacher,
-            self.config.distill_config(),
+            self.config.distill,
+            epochs=self.config.epochs,
             device=side.device,
             generator=side.generator,
             augment=self.augment(),
@@ -352,10 +299,19 @@ class DistillationMethod(ClientModelsMethod):
             raise ConfigError(f"{self.name}: no server model yet (aggregate has not run)")
         return ModelPredictor(model_from_state(self.run, state["server"]))
 
+    site_evaluation: ClassVar[bool] = True
+
+    def release(self, state: dict[str, Any]) -> dict[str, Any]:
+        """The distilled server model only, not the client teachers."""
+        return {"server": state["server"]}
+
     def public_hparams(self) -> dict[str, Any]:
         hp = super().public_hparams()
         hp["fl"] = public_fl_hparams(self.name, self.config)
         return hp
+
+    def starts_from(self) -> str | None:
+        return "fedavg" if self.config.init == "fedavg" else None
 
     def report(self, state: dict[str, Any]) -> dict[str, Any]:
         """Seconds (and FLOPs with ``count_flops``) of each server phase."""

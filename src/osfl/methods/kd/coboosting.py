@@ -4,7 +4,7 @@ Dai et al., "Enhancing One-Shot Federated Learning Through Data and Ensemble
 Co-Boosting", ICLR 2024 (code: rong-dai/Co-Boosting, ``COBOOSTSynthesizer``
 and ``cb_kd_train``). Each server epoch:
 
-1. *hard-sample synthesis*: re-initialised DENSE generator, ``g_steps`` Adam
+1. *hard-sample synthesis*: re-initialised DENSE generator, ``generator.steps`` Adam
    steps on (G, z) minimising
 
        oh_weight · mean((1 - p_y)^hs · CE(E_w(x), y))        (hard-sample-weighted CE)
@@ -12,7 +12,7 @@ and ``cb_kd_train``). Each server epoch:
      + bn_weight · Σ_BN / #clients                            (off by default)
 
    with E_w the ensemble with the current learnable weights w; generator
-   gradients clipped at norm 10; the lowest-loss batch is kept;
+   gradients clipped at norm 10 (``generator.grad_clip``); the lowest-loss batch is kept;
 2. *ensemble boosting* (from the second epoch on): for ``wa_steps`` passes
    over the pool, one signed-gradient step per batch on the client weights,
    ``w <- clip(w - mu · wdc^epoch · sign(∇_w CE(E_w(x), y)), 0, 1)``;
@@ -22,7 +22,7 @@ and ``cb_kd_train``). Each server epoch:
    then ``T² · KL(E_w(x') || s(x'))`` at T = 4, gradients clipped at 10.
 
 Defaults are the code's (``co_boosting.sh`` and the parser): 200 epochs,
-g_steps 30, lr_g 1e-3, batch 128, KD SGD lr 0.01, momentum 0.9, wd 1e-4,
+generator steps 30 at lr 1e-3, batch 128, KD SGD lr 0.01, momentum 0.9, wd 1e-4,
 cosine over epochs, T = 4, hs = 1, mu = 0.01, wdc = 0.99, wa_steps = 1,
 eps = 8/255 (applied, as there, to normalised images), oh = adv = 1, bn = 0,
 server model from scratch, uniform initial weights.
@@ -30,7 +30,7 @@ server model from scratch, uniform initial weights.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -39,29 +39,34 @@ from torch import nn
 
 from osfl.errors import ConfigError
 from osfl.fl.method import register_method
-from osfl.methods.kd.base import DistillationMethod, ServerSide
-from osfl.methods.kd.dense import GeneratorConfig, build_generator, synthesize_batch
-from osfl.methods.kd.distill import Distiller
+from osfl.methods.kd.base import DistillationMethod, KDConfig, ServerSide
+from osfl.methods.kd.dense import build_generator, synthesize_batch
+from osfl.methods.kd.distill import DistillConfig, Distiller
+from osfl.methods.kd.generator import GeneratorConfig
 from osfl.methods.kd.pool import PoolBatch, SyntheticPool
 from osfl.methods.kd.priors import BNStatsLoss, adversarial_kl, kd_kl
 from osfl.methods.kd.teacher import EnsembleTeacher
 
 
 @dataclass(frozen=True)
-class CoBoostingConfig(GeneratorConfig):
-    """Co-Boosting's defaults (its code); see the module docstring."""
+class CoBoostingConfig(KDConfig):
+    """Co-Boosting's defaults (its code); see the module docstring. ``distill``
+    is the KD of the student (its ``temperature`` is the KD temperature, 4);
+    ``generator`` the DENSE generator with Co-Boosting's clip and no
+    synthesis-time augmentation."""
 
     init: str = "scratch"
     epochs: int = 200
     synthesis_batch_size: int = 128
-    batch_size: int = 128
-    lr: float = 0.01
-    weight_decay: float = 1e-4
-    schedule: str = "cosine"
-    grad_clip: float | None = 10.0
-    temperature: float = 4.0
     augment: str = "crop_flip"
-    synthesis_augment: str = "none"
+    distill: DistillConfig = field(
+        default_factory=lambda: DistillConfig(
+            batch_size=128, lr=0.01, schedule="cosine", grad_clip=10.0, temperature=4.0
+        )
+    )
+    generator: GeneratorConfig = field(
+        default_factory=lambda: GeneratorConfig(augment="none", grad_clip=10.0)
+    )
     oh_weight: float = 1.0
     adv_weight: float = 1.0
     adv_temperature: float = 3.0
@@ -73,7 +78,6 @@ class CoBoostingConfig(GeneratorConfig):
     wa_steps: int = 1
     ods_eps: float = 8 / 255
     ods_temperature: float = 4.0
-    g_grad_clip: float | None = 10.0
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -82,8 +86,15 @@ class CoBoostingConfig(GeneratorConfig):
             if not ok:
                 raise ConfigError(f"method.coboosting: {msg}")
 
-        for name in ("oh_weight", "adv_weight", "bn_weight", "hard_sample_power", "mu", "ods_eps"):
-            need(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        for name, value in (
+            ("oh_weight", self.oh_weight),
+            ("adv_weight", self.adv_weight),
+            ("bn_weight", self.bn_weight),
+            ("hard_sample_power", self.hard_sample_power),
+            ("mu", self.mu),
+            ("ods_eps", self.ods_eps),
+        ):
+            need(value >= 0, f"{name} must be >= 0, got {value}")
         need(0 < self.wdc <= 1, f"wdc must lie in (0, 1], got {self.wdc}")
         need(self.wa_steps >= 0, f"wa_steps must be >= 0, got {self.wa_steps}")
         need(self.adv_temperature > 0 and self.ods_temperature > 0, "temperatures must be > 0")
@@ -154,12 +165,18 @@ class CoBoosting(DistillationMethod):
     """Hard samples + learnable ensemble weights + perturbed-input KD."""
 
     Config: ClassVar[type] = CoBoostingConfig
+    smoke: ClassVar[tuple[str, ...]] = (
+        "method.coboosting.epochs=3",
+        "method.coboosting.synthesis_batch_size=32",
+        "method.coboosting.generator.steps=5",
+        "method.coboosting.distill={batch_size: 32, steps: 30, lr: 0.05, schedule: constant}",
+    )
 
     def server_train(
         self, side: ServerSide, teacher: EnsembleTeacher, student: nn.Module
     ) -> nn.Module:
         cfg: CoBoostingConfig = self.config
-        gen = build_generator(side, cfg)
+        gen = build_generator(side, cfg.generator)
         members = list(teacher.members)
         bn = BNStatsLoss(members) if cfg.bn_weight > 0 else None
         pool = SyntheticPool(cfg.pool_size, side.device)
@@ -168,7 +185,7 @@ class CoBoosting(DistillationMethod):
             xp = ods_perturb(teacher, x, cfg.ods_eps, cfg.ods_temperature, side.generator)
             with torch.no_grad():
                 t = teacher(xp)
-            return kd_kl(d.student(xp), t, cfg.temperature)
+            return kd_kl(d.student(xp), t, cfg.distill.temperature)
 
         distiller = self.pool_distiller(side, teacher, student, loss_fn=kd_loss)
 
@@ -189,7 +206,9 @@ class CoBoosting(DistillationMethod):
             return loss, {k: float(v.detach()) for k, v in terms.items()}  # type: ignore[union-attr]
 
         def synthesize_epoch(epoch: int) -> dict[str, float]:
-            x, y, terms = synthesize_batch(side, cfg, gen, loss_fn, grad_clip=cfg.g_grad_clip)
+            x, y, terms = synthesize_batch(
+                side, cfg.generator, cfg.synthesis_batch_size, gen, loss_fn
+            )
             # the student stays frozen here too: the weight update reads only the teacher
             if cfg.weighted and epoch > 0 and cfg.wa_steps > 0:
                 boost_ensemble_weights(
@@ -197,7 +216,7 @@ class CoBoosting(DistillationMethod):
                     pool,
                     cfg.mu * cfg.wdc**epoch,
                     passes=cfg.wa_steps,
-                    batch_size=cfg.batch_size,
+                    batch_size=cfg.distill.batch_size,
                     generator=side.generator,
                 )
             pool.add(x, y)

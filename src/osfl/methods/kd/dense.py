@@ -7,7 +7,7 @@ Zhang et al., "DENSE: Data-Free One-Shot Federated Learning", NeurIPS 2022
 
 1. *data generation*: re-initialise the generator (:class:`Generator`,
    z=256 -> 128×8×8 -> ... -> sigmoid), draw z and random labels y, and
-   take ``g_steps`` Adam steps on (generator, z) minimising on a randomly
+   take ``generator.steps`` Adam steps on (generator, z) minimising on a randomly
    cropped/flipped view of G(z)
 
        bn_weight · Σ_{all clients' BN layers} ||μ - μ̂|| + ||σ² - σ̂²||   (similarity)
@@ -18,15 +18,15 @@ Zhang et al., "DENSE: Data-Free One-Shot Federated Learning", NeurIPS 2022
 2. *model distillation*: one pass over the whole pool of generated images
    (crop + flip) with ``T² · KL`` at temperature ``T``.
 
-Defaults are the DENSE README's CIFAR-10 command (200 epochs, g_steps 30,
-lr_g 1e-3, bn = oh = adv = 1, T = 20, batch 256 for both synthesis and KD,
+Defaults are the DENSE README's CIFAR-10 command (200 epochs, generator steps
+30 at lr 1e-3, bn = oh = adv = 1, T = 20, batch 256 for both synthesis and KD,
 SGD lr 0.005 momentum 0.9) and the code's choices (server model re-created
 from scratch, uniform ensemble, generator reset each round, history pool).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import torch
@@ -35,14 +35,15 @@ from torch import nn
 
 from osfl.errors import ConfigError
 from osfl.fl.method import register_method
+from osfl.methods.kd.augment import build_augment
 from osfl.methods.kd.base import (
     DistillationMethod,
     KDConfig,
     ServerSide,
-    build_augment,
     seeded,
 )
-from osfl.methods.kd.generator import Generator, GeneratorLoss, synthesize
+from osfl.methods.kd.distill import DistillConfig
+from osfl.methods.kd.generator import Generator, GeneratorConfig, GeneratorLoss, synthesize
 from osfl.methods.kd.pixels import random_labels
 from osfl.methods.kd.pool import SyntheticPool
 from osfl.methods.kd.priors import BNStatsLoss, adversarial_kl
@@ -50,40 +51,21 @@ from osfl.methods.kd.teacher import EnsembleTeacher
 
 
 @dataclass(frozen=True)
-class GeneratorConfig(KDConfig):
-    """KDConfig + the generator's recipe (shared by DENSE and Co-Boosting)."""
-
-    nz: int = 256
-    ngf: int = 64
-    g_steps: int = 30
-    lr_g: float = 1e-3
-    synthesis_augment: str = "crop_flip"
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        from osfl.methods.kd.base import AUGMENTS
-
-        if self.nz < 1 or self.ngf < 1:
-            raise ConfigError(f"nz and ngf must be >= 1, got {self.nz}, {self.ngf}")
-        if self.g_steps < 1:
-            raise ConfigError(f"g_steps must be >= 1, got {self.g_steps}")
-        if not self.lr_g > 0:
-            raise ConfigError(f"lr_g must be > 0, got {self.lr_g}")
-        AUGMENTS.get(self.synthesis_augment)
-
-
-@dataclass(frozen=True)
-class DENSEConfig(GeneratorConfig):
-    """DENSE's defaults (README CIFAR-10 command); see the module docstring."""
+class DENSEConfig(KDConfig):
+    """DENSE's defaults (README CIFAR-10 command); see the module docstring.
+    ``generator``: the generator and its per-round training
+    (:class:`~osfl.methods.kd.generator.GeneratorConfig`)."""
 
     init: str = "scratch"
     epochs: int = 200
     synthesis_batch_size: int = 256
-    batch_size: int = 256
-    lr: float = 0.005
-    weight_decay: float = 0.0
-    temperature: float = 20.0
     augment: str = "crop_flip"
+    distill: DistillConfig = field(
+        default_factory=lambda: DistillConfig(
+            batch_size=256, lr=0.005, weight_decay=0.0, temperature=20.0
+        )
+    )
+    generator: GeneratorConfig = field(default_factory=GeneratorConfig)
     bn_weight: float = 1.0
     oh_weight: float = 1.0
     adv_weight: float = 1.0
@@ -91,9 +73,13 @@ class DENSEConfig(GeneratorConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("bn_weight", "oh_weight", "adv_weight"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name, value in (
+            ("bn_weight", self.bn_weight),
+            ("oh_weight", self.oh_weight),
+            ("adv_weight", self.adv_weight),
+        ):
+            if value < 0:
+                raise ConfigError(f"{name} must be >= 0, got {value}")
         if not self.adv_temperature > 0:
             raise ConfigError(f"adv_temperature must be > 0, got {self.adv_temperature}")
 
@@ -107,25 +93,25 @@ def build_generator(side: ServerSide, cfg: GeneratorConfig, **kwargs: object) ->
 def synthesize_batch(
     side: ServerSide,
     cfg: GeneratorConfig,
+    batch_size: int,
     gen: Generator,
     loss_fn: GeneratorLoss,
-    grad_clip: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-    """One synthesis round of DENSE / Co-Boosting on ``synthesis_batch_size``
-    random labels (the generator recipe of :class:`GeneratorConfig`, views
-    augmented by ``synthesis_augment``): the images, their labels and the kept
+    """One synthesis round of DENSE / Co-Boosting on ``batch_size`` random
+    labels (the generator recipe ``cfg``: steps, lr, the augmentation of the
+    views the loss sees, gradient clip): the images, their labels and the kept
     batch's loss terms. The caller adds them to its pool."""
-    y = random_labels(cfg.synthesis_batch_size, side.num_classes, side.generator)
+    y = random_labels(batch_size, side.num_classes, side.generator)
     x, terms = synthesize(
         gen,
         y,
         loss_fn,
-        iterations=cfg.g_steps,
-        lr=cfg.lr_g,
+        iterations=cfg.steps,
+        lr=cfg.lr,
         space=side.space,
-        augment=build_augment(cfg.synthesis_augment, side.image_shape[-1]),
+        augment=build_augment(cfg.augment, side.image_shape[-1]),
         rng=side.generator,
-        grad_clip=grad_clip,
+        grad_clip=cfg.grad_clip,
         device=side.device,
     )
     return x, y, terms
@@ -136,12 +122,18 @@ class DENSE(DistillationMethod):
     """Generator synthesis (BN + CE + masked adversarial KL) + KD over the pool."""
 
     Config: ClassVar[type] = DENSEConfig
+    smoke: ClassVar[tuple[str, ...]] = (
+        "method.dense.epochs=3",
+        "method.dense.synthesis_batch_size=32",
+        "method.dense.generator.steps=5",
+        "method.dense.distill={batch_size: 32, steps: 30, lr: 0.05, temperature: 4.0}",
+    )
 
     def server_train(
         self, side: ServerSide, teacher: EnsembleTeacher, student: nn.Module
     ) -> nn.Module:
         cfg: DENSEConfig = self.config
-        gen = build_generator(side, cfg)
+        gen = build_generator(side, cfg.generator)
         bn = BNStatsLoss(list(teacher.members))
         pool = SyntheticPool(cfg.pool_size, side.device)
         distiller = self.pool_distiller(side, teacher, student)
@@ -162,7 +154,9 @@ class DENSE(DistillationMethod):
             return loss, {k: float(v.detach()) for k, v in terms.items()}  # type: ignore[union-attr]
 
         def synthesize_epoch(epoch: int) -> dict[str, float]:
-            x, y, terms = synthesize_batch(side, cfg, gen, loss_fn)
+            x, y, terms = synthesize_batch(
+                side, cfg.generator, cfg.synthesis_batch_size, gen, loss_fn
+            )
             pool.add(x, y)
             return terms
 

@@ -30,8 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from osfl.errors import ConfigError
-from osfl.fl.optim import build_optimizer, build_schedule
-from osfl.fl.train_config import TrainConfig
+from osfl.fl.optim import OptimConfig, build_optimizer, build_schedule
 from osfl.methods.kd.pool import PoolBatch, SyntheticPool
 from osfl.methods.kd.priors import kd_kl
 from osfl.methods.kd.teacher import EnsembleTeacher
@@ -43,57 +42,43 @@ LossFn = Callable[["Distiller", PoolBatch, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
-class DistillConfig:
-    """The server's distillation recipe.
+class DistillConfig(OptimConfig):
+    """The server's distillation recipe: an optimizer and its schedule (the
+    fields of :class:`~osfl.fl.optim.OptimConfig`, shared with local training)
+    and the distillation loss. The defaults are FedMITR's Appendix A server
+    recipe (SGD lr 1e-3, momentum 0.9, weight decay 1e-4, batch 64, KD at
+    T = 1); each method's config starts from its own paper's.
 
     ``steps`` per :meth:`Distiller.fit_pool` call (``None``: one pass over the
     whole pool, as DENSE, Co-Boosting and FedMITR's Algorithm 1 do).
-    ``epochs`` is the number of ``fit_pool`` calls the schedule spans.
     ``teacher_on_the_fly=False`` reads the teacher's logits from the pool's
     ``logits`` extra instead of recomputing them (cheaper; only exact without
     augmentation and with fixed ensemble weights).
     """
 
-    batch_size: int = 256
-    steps: int | None = None
-    epochs: int = 1
     optimizer: str = "sgdm"
-    lr: float = 0.01
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    schedule: str = "constant"
-    grad_clip: float | None = None
+    lr: float = 1e-3
+    weight_decay: float = 1e-4
+    batch_size: int = 64
+    steps: int | None = None
     temperature: float = 1.0
     kd_weight: float = 1.0
     ce_weight: float = 0.0
     teacher_on_the_fly: bool = True
 
     def __post_init__(self) -> None:
-        # The optimizer fields are TrainConfig's: one set of checks serves both.
-        try:
-            self.train_config()
+        try:  # the optimizer fields: OptimConfig's checks serve both
+            super().__post_init__()
         except ConfigError as e:
-            raise ConfigError(f"distillation: {str(e).removeprefix('train: ')}") from None
+            raise ConfigError(f"distill: {e}") from None
+        if self.batch_size < 1:
+            raise ConfigError(f"distill: batch_size must be >= 1, got {self.batch_size}")
         if self.steps is not None and self.steps < 1:
-            raise ConfigError(f"distillation: steps must be >= 1 or null, got {self.steps}")
+            raise ConfigError(f"distill: steps must be >= 1 or null, got {self.steps}")
         if self.temperature <= 0:
-            raise ConfigError(f"distillation: temperature must be > 0, got {self.temperature}")
+            raise ConfigError(f"distill: temperature must be > 0, got {self.temperature}")
         if self.kd_weight < 0 or self.ce_weight < 0:
-            raise ConfigError("distillation: kd_weight and ce_weight must be >= 0")
-
-    def train_config(self) -> TrainConfig:
-        """The equivalent :class:`TrainConfig` (for the optimizer/schedule registries)."""
-        return TrainConfig(
-            epochs=self.epochs,
-            batch_size=self.batch_size,
-            optimizer=self.optimizer,
-            lr=self.lr,
-            momentum=self.momentum,
-            weight_decay=self.weight_decay,
-            schedule=self.schedule,
-            grad_clip=self.grad_clip,
-            amp=False,
-        )
+            raise ConfigError("distill: kd_weight and ce_weight must be >= 0")
 
 
 @dataclass(frozen=True)
@@ -129,7 +114,8 @@ def kd_objective(
 class Distiller:
     """Holds the student, its optimizer and schedule across epochs.
 
-    ``augment(x, generator)`` (an osfl batched transform on float batches,
+    The learning-rate schedule spans ``epochs`` :meth:`end_epoch` calls (one
+    per server epoch). ``augment(x, generator)`` (an osfl batched transform on float batches,
     e.g. pad-crop + flip) is applied to each pool batch before both the
     student and the teacher see it.
     """
@@ -140,6 +126,7 @@ class Distiller:
         teacher: nn.Module | None,
         cfg: DistillConfig,
         *,
+        epochs: int = 1,
         device: torch.device | str = "cpu",
         generator: torch.Generator | None = None,
         augment: Callable[[torch.Tensor, torch.Generator | None], torch.Tensor] | None = None,
@@ -152,10 +139,9 @@ class Distiller:
         self.generator = generator if generator is not None else torch.Generator().manual_seed(0)
         self.augment = augment
         self.loss_fn = loss_fn
-        tcfg = cfg.train_config()
         self.params = [p for p in self.student.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.params, tcfg)
-        self.schedule = build_schedule(self.optimizer, tcfg, cfg.epochs)
+        self.optimizer = build_optimizer(self.params, cfg)
+        self.schedule = build_schedule(self.optimizer, cfg, epochs)
         self.steps_done = 0
         self.epochs_done = 0
 
@@ -198,7 +184,7 @@ class Distiller:
         return loss.detach()
 
     def end_epoch(self) -> None:
-        """Advance the learning-rate schedule by one unit (``cfg.epochs`` units in all)."""
+        """Advance the learning-rate schedule by one unit (``epochs`` units in all)."""
         self.schedule.step()
         self.epochs_done += 1
 

@@ -33,7 +33,7 @@ model = the clients' FedAvg, server BN in train mode while distilling.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -55,28 +55,40 @@ from osfl.methods.kd.base import (
     frozen,
 )
 from osfl.methods.kd.dense import build_generator
+from osfl.methods.kd.distill import DistillConfig
+from osfl.methods.kd.generator import GeneratorConfig
 from osfl.methods.kd.priors import l1_discrepancy
 from osfl.methods.kd.teacher import EnsembleTeacher
 
 log = logging.getLogger(__name__)
 
 
+def _default_distill() -> DistillConfig:
+    # the code's server optimiser: SGD lr 0.1, no momentum, weight decay 1e-3
+    return DistillConfig(optimizer="sgd", lr=0.1, momentum=0.0, weight_decay=1e-3)
+
+
+def _default_generator() -> GeneratorConfig:
+    # CGeneratorA with z of 100 dims, one Adam step (lr 0.01) per client per iteration
+    return GeneratorConfig(nz=100, ngf=64, steps=1, lr=0.01, augment="none")
+
+
+#: DistillConfig fields FedFTG does not use (its loss is the code's soft CE on
+#: the synthesis batch, ``inner_steps`` times): a changed value is refused.
+_UNUSED_DISTILL = ("batch_size", "steps", "temperature", "kd_weight", "ce_weight")
+
+
 @dataclass(frozen=True)
 class FedFTGConfig(KDConfig):
-    """FedFTG's defaults (its code); ``epochs`` = ``iterations``."""
+    """FedFTG's defaults (its code); ``epochs`` = the code's ``iterations``.
+    ``distill``: only its optimizer fields (and ``grad_clip``) apply;
+    ``generator``: ``nz``, ``ngf``, ``steps`` (per client per iteration), ``lr``."""
 
     init: str = "fedavg"
     epochs: int = 10
     synthesis_batch_size: int = 50
-    batch_size: int = 50
-    optimizer: str = "sgd"
-    lr: float = 0.1
-    momentum: float = 0.0
-    weight_decay: float = 1e-3
-    nz: int = 100
-    ngf: int = 64
-    lr_g: float = 0.01
-    g_steps: int = 1
+    distill: DistillConfig = field(default_factory=_default_distill)
+    generator: GeneratorConfig = field(default_factory=_default_generator)
     inner_steps: int = 5
     cls_weight: float = 1.0
     dis_weight: float = 1.0
@@ -84,14 +96,30 @@ class FedFTGConfig(KDConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        for name in ("nz", "ngf", "g_steps", "inner_steps"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"method.fedftg: {name} must be >= 1, got {getattr(self, name)}")
-        for name in ("cls_weight", "dis_weight", "md_weight"):
-            if getattr(self, name) < 0:
-                raise ConfigError(f"method.fedftg: {name} must be >= 0, got {getattr(self, name)}")
-        if not self.lr_g > 0:
-            raise ConfigError(f"method.fedftg: lr_g must be > 0, got {self.lr_g}")
+
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ConfigError(f"method.fedftg: {msg}")
+
+        need(self.inner_steps >= 1, f"inner_steps must be >= 1, got {self.inner_steps}")
+        for name, value in (
+            ("cls_weight", self.cls_weight),
+            ("dis_weight", self.dis_weight),
+            ("md_weight", self.md_weight),
+        ):
+            need(value >= 0, f"{name} must be >= 0, got {value}")
+        base = _default_distill()
+        for name in _UNUSED_DISTILL:
+            need(
+                getattr(self.distill, name) == getattr(base, name),
+                f"distill.{name} does not apply to FedFTG (its server loss is the code's "
+                "soft cross-entropy on each synthesis batch, inner_steps times)",
+            )
+        need(
+            self.generator.augment == "none" and self.generator.grad_clip is None,
+            "generator.augment and generator.grad_clip do not apply to FedFTG's "
+            "conditional generator; leave them at none / null",
+        )
 
 
 def customised_labels(
@@ -131,6 +159,11 @@ class FedFTG(DistillationMethod):
     """Conditional-generator fine-tuning of the FedAvg model (one round)."""
 
     Config: ClassVar[type] = FedFTGConfig
+    smoke: ClassVar[tuple[str, ...]] = (
+        "data.max_per_class=60",  # a non-IID task where FedAvg is weak and the ensemble strong
+        "partition.alpha=0.1",
+        "method.fedftg.epochs=3",
+    )
 
     # --- client side: the shared client + its class counts --------------------------
     def client_update(self, ctx: ClientContext, broadcast: Broadcast, data: ImageSet) -> Upload:
@@ -157,7 +190,7 @@ class FedFTG(DistillationMethod):
         self, side: ServerSide, teacher: EnsembleTeacher, student: nn.Module
     ) -> nn.Module:
         cfg: FedFTGConfig = self.config
-        gen = build_generator(side, cfg, num_classes=side.num_classes, output="tanh_bn")  # type: ignore[arg-type]
+        gen = build_generator(side, cfg.generator, num_classes=side.num_classes, output="tanh_bn")
         gen.train()
         members = list(teacher.members)
         counts = np.array([side.meta[c]["class_counts"] for c in side.client_ids])
@@ -166,18 +199,19 @@ class FedFTG(DistillationMethod):
         )
         bs = cfg.synthesis_batch_size
         labels_all = customised_labels(cfg.epochs * bs, counts.sum(0), side.generator)
-        opt_g = torch.optim.Adam(gen.parameters(), lr=cfg.lr_g)
-        opt_s = build_optimizer(list(student.parameters()), cfg.distill_config().train_config())
+        opt_g = torch.optim.Adam(gen.parameters(), lr=cfg.generator.lr)
+        opt_s = build_optimizer(list(student.parameters()), cfg.distill)
         k = side.num_classes
         with self.run.progress.task(f"{self.name}: server", cfg.epochs) as bar:
             for it in range(cfg.epochs):
                 y = labels_all[it * bs : (it + 1) * bs].to(side.device)
                 w = alpha[:, y]  # (M, B): α_k^{y_b}
-                z = torch.randn((y.shape[0], cfg.nz), generator=side.generator).to(side.device)
+                nz = cfg.generator.nz
+                z = torch.randn((y.shape[0], nz), generator=side.generator).to(side.device)
                 with side.timer.phase("synthesis"), frozen(student):
                     student.eval()
                     gen.train()
-                    for _ in range(cfg.g_steps):
+                    for _ in range(cfg.generator.steps):
                         for m, member in enumerate(members):
                             opt_g.zero_grad(set_to_none=True)
                             x = gen(z, y)
@@ -200,8 +234,9 @@ class FedFTG(DistillationMethod):
                         opt_s.zero_grad(set_to_none=True)
                         loss_s = torch.mean(-F.log_softmax(student(x), dim=-1) * target)
                         loss_s.backward()
-                        if cfg.grad_clip is not None:
-                            torch.nn.utils.clip_grad_norm_(student.parameters(), cfg.grad_clip)
+                        if cfg.distill.grad_clip is not None:
+                            clip = cfg.distill.grad_clip
+                            torch.nn.utils.clip_grad_norm_(student.parameters(), clip)
                         opt_s.step()
                     student.eval()
                 epoch_log(

@@ -29,17 +29,54 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from osfl.errors import ConfigError
+from osfl.methods.kd.augment import AUGMENTS
 from osfl.methods.kd.space import InputSpace
 
-__all__ = ["OUTPUTS", "Generator", "GeneratorLoss", "reset_generator", "synthesize"]
+__all__ = [
+    "OUTPUTS",
+    "Generator",
+    "GeneratorConfig",
+    "GeneratorLoss",
+    "reset_generator",
+    "synthesize",
+]
 
 OUTPUTS = ("sigmoid", "tanh", "tanh_bn")
+
+
+@dataclass(frozen=True)
+class GeneratorConfig:
+    """A server-side generator and how each synthesis round trains it: latent
+    size ``nz``, width ``ngf``, ``steps`` Adam steps at ``lr`` per round, the
+    augmentation of the generated views the loss sees (``augment``: a KD
+    augmentation name, see ``osfl.methods.kd.base.AUGMENTS``), and an optional
+    gradient-norm clip. The defaults are DENSE's README (z = 256, 30 steps,
+    lr 1e-3, crop + flip)."""
+
+    nz: int = 256
+    ngf: int = 64
+    steps: int = 30
+    lr: float = 1e-3
+    augment: str = "crop_flip"
+    grad_clip: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.nz < 1 or self.ngf < 1:
+            raise ConfigError(f"generator: nz and ngf must be >= 1, got {self.nz}, {self.ngf}")
+        if self.steps < 1:
+            raise ConfigError(f"generator: steps must be >= 1, got {self.steps}")
+        if not self.lr > 0:
+            raise ConfigError(f"generator: lr must be > 0, got {self.lr}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            raise ConfigError(f"generator: grad_clip must be > 0 or null, got {self.grad_clip}")
+        AUGMENTS.get(self.augment)  # unknown name -> ConfigError listing the valid ones
 
 
 class Generator(nn.Module):

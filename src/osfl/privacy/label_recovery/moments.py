@@ -106,7 +106,15 @@ def aux_outputs(
         for start in range(0, n, batch_size):
             xb = images[order[start : start + batch_size]].to(device)
             x = transform(xb) if transform is not None else xb.float() / 255.0
-            out.append(model(x).double().cpu())
+            try:
+                out.append(model(x).double().cpu())
+            except RuntimeError as e:  # e.g. 1-channel images into a 3-channel model
+                raise DataError(
+                    f"the observed model cannot read the auxiliary images (after the "
+                    f"transform, shape {tuple(x.shape[1:])}, C×H×W): {str(e).splitlines()[0]}; "
+                    "load the auxiliary set with the run's channels and image size "
+                    "(e.g. load_data(..., channels=3, image_size=32))"
+                ) from e
     finally:
         hook.remove()
         for m, mom in saved:

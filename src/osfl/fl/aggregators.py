@@ -1,0 +1,204 @@
+"""How a server combines its clients' model states: FedAvg's weighted mean and
+the Byzantine-robust rules a server can use instead (``server.aggregator``).
+
+Each rule maps the round's states (and their data-size weights, and the
+broadcast ``reference`` they started from) to one state, in float64, never
+raising on states that passed validation:
+
+- ``mean``: the weighted average (McMahan et al., "Communication-Efficient
+  Learning of Deep Networks from Decentralized Data", AISTATS 2017, Alg. 1).
+- ``median`` and ``trimmed_mean``: coordinate-wise median, and the mean of
+  each coordinate after cutting the ⌈``trim_fraction``·n⌉ largest and smallest
+  values (Yin et al., "Byzantine-Robust Distributed Learning: Towards Optimal
+  Statistical Rates", ICML 2018, Alg. 1, options I and II).
+- ``krum`` and ``multi_krum``: the update closest to its n − f − 2 nearest
+  neighbours, or the mean of the m best by that score (Blanchard et al.,
+  "Machine Learning with Adversaries: Byzantine Tolerant Gradient Descent",
+  NeurIPS 2017, §4). Needs n > 2f + 2 clients in the round; with fewer it
+  falls back to the median (logged).
+- ``norm_clip``: each update (state − reference) clipped to L2 norm τ
+  (``clip_norm``; default the round's median update norm), then the weighted
+  mean (Sun et al., "Can You Really Backdoor Federated Learning?", 2019, §4).
+
+Integer buffers (BatchNorm's ``num_batches_tracked``) always take the
+weighted mean, rounded.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from osfl.registry import Registry
+
+log = logging.getLogger(__name__)
+
+StateDict = dict[str, torch.Tensor]
+
+
+class RuleParams(Protocol):
+    """The knobs of the robust rules (``ServerConfig`` has them)."""
+
+    trim_fraction: float
+    byzantine: int
+    krum_select: int | None
+    clip_norm: float | None
+
+
+Aggregator = Callable[
+    [Sequence[Mapping[str, torch.Tensor]], np.ndarray, Mapping[str, torch.Tensor] | None, RuleParams],
+    StateDict,
+]
+AGGREGATORS: Registry[Aggregator] = Registry("aggregator")
+
+
+def _normalised(weights: Sequence[float]) -> np.ndarray:
+    w = np.asarray(weights, dtype=np.float64)
+    total = w.sum()
+    if not (np.isfinite(total) and total > 0):  # degenerate weights: uniform
+        return np.full(len(w), 1.0 / len(w))
+    return w / total
+
+
+def weighted_mean(
+    states: Sequence[Mapping[str, torch.Tensor]], weights: Sequence[float]
+) -> StateDict:
+    """The weighted average, buffers included, accumulated in float64 so that
+    averaging identical models returns them bit for bit (one model with
+    weight 1 is returned exactly); integer buffers take the rounded mean."""
+    if not states:
+        raise ValueError("weighted_mean needs at least one state")
+    w = _normalised(weights)
+    out: StateDict = {}
+    for name, ref in states[0].items():
+        acc = torch.zeros(ref.shape, dtype=torch.float64)
+        for wi, st in zip(w, states, strict=True):
+            acc += float(wi) * st[name].to(torch.float64)
+        out[name] = acc.round().to(ref.dtype) if not ref.is_floating_point() else acc.to(ref.dtype)
+    return out
+
+
+def _per_coordinate(
+    states: Sequence[Mapping[str, torch.Tensor]],
+    weights: np.ndarray,
+    combine: Callable[[torch.Tensor], torch.Tensor],
+) -> StateDict:
+    """``combine`` over the client axis of every float tensor; integer buffers
+    by the weighted mean."""
+    means = weighted_mean(states, weights)
+    out: StateDict = {}
+    for name, ref in states[0].items():
+        if not ref.is_floating_point():
+            out[name] = means[name]
+            continue
+        stack = torch.stack([s[name].to(torch.float64) for s in states])
+        out[name] = combine(stack).to(ref.dtype)
+    return out
+
+
+@AGGREGATORS.register("mean")
+def _mean(states, weights, reference, params) -> StateDict:
+    return weighted_mean(states, weights)
+
+
+@AGGREGATORS.register("median")
+def _median(states, weights, reference, params) -> StateDict:
+    # the mean of the two middle values for an even count (torch.median takes the lower)
+    return _per_coordinate(states, weights, lambda x: x.quantile(0.5, dim=0))
+
+
+@AGGREGATORS.register("trimmed_mean")
+def _trimmed_mean(states, weights, reference, params) -> StateDict:
+    n = len(states)
+    # ceil: any positive fraction cuts at least one value at each end
+    cut = min(math.ceil(params.trim_fraction * n), (n - 1) // 2)
+
+    def trimmed(x: torch.Tensor) -> torch.Tensor:
+        ordered, _ = x.sort(dim=0)
+        return ordered[cut : n - cut].mean(dim=0)
+
+    return _per_coordinate(states, weights, trimmed)
+
+
+def _updates(
+    states: Sequence[Mapping[str, torch.Tensor]], reference: Mapping[str, torch.Tensor] | None
+) -> tuple[list[str], torch.Tensor]:
+    """(float keys, n × d matrix of the flattened updates state − reference)."""
+    keys = [k for k, v in states[0].items() if v.is_floating_point()]
+    rows = []
+    for s in states:
+        parts = [
+            (s[k].to(torch.float64) - (reference[k].to(torch.float64) if reference else 0)).flatten()
+            for k in keys
+        ]
+        rows.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64))
+    return keys, torch.stack(rows)
+
+
+def krum_scores(updates: torch.Tensor, f: int) -> torch.Tensor:
+    """Each update's summed squared distance to its n − f − 2 nearest others."""
+    n = updates.shape[0]
+    dist = torch.cdist(updates, updates).pow(2)
+    k = max(1, n - f - 2)
+    nearest, _ = dist.sort(dim=1)
+    return nearest[:, 1 : k + 1].sum(dim=1)  # column 0 is the distance to itself
+
+
+def _krum_select(states, weights, reference, params, m: int) -> StateDict:
+    n, f = len(states), params.byzantine
+    if n <= 2 * f + 2:
+        log.warning("krum: %d clients in the round, needs more than 2f+2 = %d; median", n, 2 * f + 2)
+        return _median(states, weights, reference, params)
+    _, updates = _updates(states, reference)
+    chosen = torch.argsort(krum_scores(updates, f))[:m].tolist()
+    log.debug("krum: kept clients at positions %s of %d", chosen, n)
+    return weighted_mean([states[i] for i in chosen], [weights[i] for i in chosen])
+
+
+@AGGREGATORS.register("krum")
+def _krum(states, weights, reference, params) -> StateDict:
+    return _krum_select(states, weights, reference, params, 1)
+
+
+@AGGREGATORS.register("multi_krum")
+def _multi_krum(states, weights, reference, params) -> StateDict:
+    m = params.krum_select or max(1, len(states) - params.byzantine)
+    return _krum_select(states, weights, reference, params, m)
+
+
+@AGGREGATORS.register("norm_clip")
+def _norm_clip(states, weights, reference, params) -> StateDict:
+    if reference is None:  # no broadcast to measure updates against: plain mean
+        return weighted_mean(states, weights)
+    keys, updates = _updates(states, reference)
+    norms = updates.norm(dim=1)
+    tau = params.clip_norm if params.clip_norm is not None else float(norms.median())
+    scale = torch.clamp(tau / norms.clamp(min=1e-12), max=1.0)
+    clipped = []
+    for s, k in zip(states, scale.tolist(), strict=True):
+        c = dict(s)
+        for name in keys:
+            ref = reference[name].to(torch.float64)
+            c[name] = (ref + k * (s[name].to(torch.float64) - ref)).to(s[name].dtype)
+        clipped.append(c)
+    return weighted_mean(clipped, weights)
+
+
+def aggregate_states(
+    states: Sequence[Mapping[str, torch.Tensor]],
+    weights: Sequence[float],
+    params: RuleParams,
+    *,
+    rule: str = "mean",
+    reference: Mapping[str, torch.Tensor] | None = None,
+) -> StateDict:
+    """Combine ``states`` with the registered ``rule`` and its ``params`` (a
+    :class:`~osfl.fl.server_config.ServerConfig`; see the module docstring)."""
+    if not states:
+        raise ValueError("aggregate_states needs at least one state")
+    return AGGREGATORS.get(rule)(states, _normalised(weights), reference, params)

@@ -1,0 +1,642 @@
+"""The server side of secure aggregation: Flower's SecAgg+ workflow over the
+ServerApp's ``Grid`` (Message API) as the round loop's transport, for methods
+whose server needs only the weighted mean of the clients' tensors (FedAvg and
+its kin; :func:`~osfl.fl.secagg_config.secure_refusal`).
+
+SecAgg+ (Bell, Bonawitz, Gascón, Lepoint, Raykova, "Secure Single-Server
+Aggregation with (Poly)Logarithmic Overhead", ACM CCS 2020, Algorithm 2, on
+Bonawitz et al., ACM CCS 2017, Fig. 4): the masks cancel in the sum, and
+Shamir shares of the mask seeds let the server remove the masks of the
+clients that sent a vector (and the pairwise masks of those that dropped out)
+while at least ``threshold`` neighbours of each client answer. The server
+learns the sum, never a vector.
+
+How osfl drives Flower 1.41's workflow
+(``flwr/server/workflow/secure_aggregation/secaggplus_workflow.py``):
+``SecAggPlusWorkflow`` runs its four stages over any ``flwr.serverapp.Grid``
+(osfl's loopback Grid included) but wants a ``LegacyContext`` whose
+``Strategy`` hands out each node's ``FitIns`` (workflow line 286) and
+receives the unmasked result (line 665). :class:`SecAggPlusTransport` gives it
+a one-round strategy whose FitIns carry osfl's broadcast and envelope
+(:class:`~osfl.fl.secagg_config.SecureKey`), and keeps the result: the
+weighted *mean* ``sum_i n_i w_i / sum_i n_i`` (lines 640-650), ``n_i`` the
+clients' weights. :class:`SecureRoundLoop` hands that mean to
+``method.aggregate`` as the round's one upload.
+
+The server can still check each reply's *form* (every stage's keys and types,
+the masked arrays' shapes, a digest of the summed layout) and the clear-text
+weight (Flower sends ``num_examples`` unmasked) against the bound it knows;
+it cannot validate or screen values (``docs/secure-aggregation.md``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
+from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
+from flwr.compat.common import recorddict_compat as compat
+from flwr.compat.common.parameter import bytes_to_ndarray
+from flwr.server.client_manager import ClientManager, SimpleClientManager
+from flwr.server.client_proxy import ClientProxy
+from flwr.server.compat.grid_client_proxy import GridClientProxy
+from flwr.server.compat.legacy_context import LegacyContext
+from flwr.server.strategy import Strategy
+from flwr.server.workflow import SecAggPlusWorkflow
+from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
+from flwr.server.workflow.constant import Key as WorkflowKey
+from flwr.serverapp import Grid
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+from flwr.supercore.run import Run
+
+from osfl.errors import ConfigError, UploadError
+from osfl.fl.context import ClientState
+from osfl.fl.observers import Observer, Observers
+from osfl.fl.progress import ProgressTask
+from osfl.fl.runtime.base import Job, RoundRecord, RunResult
+from osfl.fl.runtime.client import ClientTurn
+from osfl.fl.runtime.flower_client import ERROR_CLIENT_FAILED
+from osfl.fl.runtime.flower_server import FlowerGridRuntime, GridTransport, discover_clients
+from osfl.fl.runtime.identity import job_digest
+from osfl.fl.runtime.rounds import RoundLoop
+from osfl.fl.runtime.sites import SiteScore
+from osfl.fl.secagg_config import (
+    BROADCAST_TENSOR_TYPE,
+    MODULUS_BITS,
+    SECURE_AGGREGATE,
+    SECURE_WEIGHTINGS,
+    Layout,
+    QuantizationPlan,
+    SecAggPlusConfig,
+    SecureKey,
+    layout_digest,
+    layout_of,
+    plan_round,
+    secure_refusal,
+)
+from osfl.fl.upload import Broadcast, Upload
+
+__all__ = [
+    "SecAggPlusTransport",
+    "SecureGridRuntime",
+    "SecureRound",
+    "SecureRoundLoop",
+    "execute_secure",
+    "grid_runtime",
+    "message_nbytes",
+    "secure_checkpoint_digest",
+    "vector_problem",
+]
+
+log = logging.getLogger(__name__)
+
+#: Why a sampled client without a SuperNode is out of the round (as the plain transport says).
+NO_NODE = "no SuperNode connected"
+
+
+def message_nbytes(message: Message) -> int:
+    """``message``'s bytes as Flower puts it on the wire (its deflated objects)."""
+    return sum(len(o.deflate()) for o in get_all_nested_objects(message).values())
+
+
+@dataclass
+class SecureRound:
+    """What the server learnt in one SecAgg+ round: the weighted ``mean`` of
+    the contributors' tensors (float64), their clear-text ``weights`` (Flower
+    sends ``num_examples`` unmasked: ``num_samples`` under ``data_size``), why
+    the others are not in it, and every protocol message's bytes per client
+    (four stages; the broadcast rides in the third)."""
+
+    plan: QuantizationPlan
+    mean: dict[str, torch.Tensor]
+    weights: dict[int, int]
+    dropped: dict[int, str]
+    bytes_up: dict[int, int] = field(default_factory=dict)
+    bytes_down: dict[int, int] = field(default_factory=dict)
+    notes: dict[int, tuple[str, ...]] = field(default_factory=dict)
+
+    def upload(self, layout: Layout) -> Upload:
+        """The mean as one Upload in the layout's dtypes (integers: the rounded
+        mean, as ``weighted_mean`` does) whose ``num_samples`` is the total weight."""
+        tensors = {
+            n: (m if layout[n][1].is_floating_point else m.round()).to(layout[n][1])
+            for n, m in self.mean.items()
+        }
+        return Upload(tensors=tensors, meta={"num_samples": sum(self.weights.values())})
+
+
+# --------------------------------------------------------------------------- Flower's side
+class _OneRound(Strategy):
+    """The legacy Strategy the workflow needs: it hands out osfl's FitIns and
+    keeps the contributors' FitRes, whose parameters Flower replaced with the
+    unmasked mean (workflow lines 653-656)."""
+
+    def __init__(self, instructions: list[tuple[ClientProxy, FitIns]]):
+        self.instructions = instructions
+        self.results: list[tuple[ClientProxy, FitRes]] = []
+
+    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
+        return None
+
+    def configure_fit(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, FitIns]]:
+        return self.instructions
+
+    def aggregate_fit(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, FitRes]],
+        failures: list[tuple[ClientProxy, FitRes] | BaseException],
+    ) -> tuple[Parameters | None, dict[str, Scalar]]:
+        self.results = list(results)
+        return None, {}  # osfl's method aggregates, not a Flower strategy
+
+    def configure_evaluate(
+        self, server_round: int, parameters: Parameters, client_manager: ClientManager
+    ) -> list[tuple[ClientProxy, EvaluateIns]]:
+        return []
+
+    def aggregate_evaluate(
+        self,
+        server_round: int,
+        results: list[tuple[ClientProxy, EvaluateRes]],
+        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
+    ) -> tuple[float | None, dict[str, Scalar]]:
+        return None, {}
+
+    def evaluate(
+        self, server_round: int, parameters: Parameters
+    ) -> tuple[float, dict[str, Scalar]] | None:
+        return None
+
+
+def _list_of(value: Any, kind: type) -> bool:
+    return isinstance(value, list) and all(type(v) is kind for v in value)
+
+
+class _ProtocolGrid(Grid):
+    """The ServerApp's Grid as the workflow sees it: each reply is checked for
+    the form its stage needs before Flower reads it (a malformed one becomes an
+    error reply, i.e. a dropout, never a server crash) and every message is
+    counted. The workflow only calls ``send_and_receive``."""
+
+    def __init__(self, grid: Grid, clients: Mapping[int, int], check_vector: Any, timeout: float):
+        self.grid, self.clients, self.check_vector = grid, dict(clients), check_vector
+        self.timeout = timeout
+        self.dropped: dict[int, str] = {}
+        self.bytes_up = dict.fromkeys(self.clients.values(), 0)
+        self.bytes_down = dict.fromkeys(self.clients.values(), 0)
+
+    def set_run(self, run: Run) -> None:
+        self.grid.set_run(run)
+
+    @property
+    def run(self) -> Run:
+        return self.grid.run
+
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.grid.get_node_ids()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        raise NotImplementedError("the SecAgg+ workflow only calls send_and_receive")
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        raise NotImplementedError("the SecAgg+ workflow only calls send_and_receive")
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        batch = {m.metadata.dst_node_id: m for m in messages}
+        if not batch:
+            return []
+        first = next(iter(batch.values()))
+        stage = str(first.content.config_records[RECORD_KEY_CONFIGS][Key.STAGE])
+        for node, m in batch.items():
+            self.bytes_down[self.clients[node]] += message_nbytes(m)
+        out = []
+        for reply in self.grid.send_and_receive(list(batch.values()), timeout=timeout):
+            node = reply.metadata.src_node_id
+            if node not in batch:
+                continue
+            client = self.clients[node]
+            self.bytes_up[client] += message_nbytes(reply)
+            why = reply.error.reason if reply.has_error() else self.problem(stage, reply, client)
+            if why is not None:
+                self.dropped.setdefault(client, f"SecAgg+ stage {stage!r}: {why}")
+                log.warning("SecAgg+: client %d dropped at stage %s: %s", client, stage, why)
+                reply = Message(Error(ERROR_CLIENT_FAILED, why), reply_to=batch[node])
+            out.append(reply)
+        for node in batch.keys() - {r.metadata.src_node_id for r in out}:
+            why = f"SecAgg+ stage {stage!r}: no reply within {self.timeout:.0f} s"
+            self.dropped.setdefault(self.clients[node], why)
+        return out
+
+    def problem(self, stage: str, reply: Message, client: int) -> str | None:
+        """Why ``reply`` lacks the form the workflow reads in ``stage``."""
+        rec = reply.content.config_records.get(RECORD_KEY_CONFIGS)
+        if rec is None:
+            return f"the reply lacks the {RECORD_KEY_CONFIGS!r} record"
+        if stage == Stage.SETUP:
+            keys = (rec.get(Key.PUBLIC_KEY_1), rec.get(Key.PUBLIC_KEY_2))
+            return None if all(isinstance(k, bytes) for k in keys) else "no public keys"
+        pairs = {
+            Stage.SHARE_KEYS: (Key.DESTINATION_LIST, Key.CIPHERTEXT_LIST),
+            Stage.UNMASK: (Key.NODE_ID_LIST, Key.SHARE_LIST),
+        }
+        if stage in pairs:
+            nodes, blobs = (rec.get(k) for k in pairs[stage])
+            ok = _list_of(nodes, int) and _list_of(blobs, bytes) and len(nodes) == len(blobs)
+            return None if ok and set(nodes) <= set(self.clients) else "malformed key shares"
+        return self.check_vector(reply, client)
+
+
+def vector_problem(
+    reply: Message, client: int, round: int, job: str, layout: Layout, max_count: int
+) -> tuple[str | None, int, tuple[str, ...]]:
+    """``(why, weight, notes)`` of a masked-vector reply, checked before
+    Flower sums it: its clear-text envelope (round, client, job, layout
+    digest), its weight against what the server accepts, no array left in
+    clear, one masked integer array per tensor (plus the weight) of the
+    layout's shape."""
+    try:
+        res = compat.recorddict_to_fitres(reply.content, keep_input=True)
+    except (KeyError, TypeError) as e:
+        return f"not a FitRes reply ({e})", 0, ()
+    m = res.metrics
+    got = (m.get(SecureKey.CLIENT), m.get(SecureKey.ROUND), m.get(SecureKey.JOB))
+    if got != (client, round, job):
+        return f"reply is for client/round/job {got}, not {(client, round, job)}", 0, ()
+    if m.get(SecureKey.LAYOUT) != layout_digest(layout):
+        return "its tensors are not the round's upload spec (layout digest)", 0, ()
+    n = res.num_examples
+    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= max_count:
+        return f"weight (num_examples) {n!r} lies outside [1, {max_count}]", 0, ()
+    if any(len(r) for r in reply.content.array_records.values()):
+        return "the reply carries arrays in clear", 0, ()
+    masked = reply.content.config_records[RECORD_KEY_CONFIGS].get(Key.MASKED_PARAMETERS)
+    shapes = [(1,), *((math.prod(shape),) for shape, _ in layout.values())]  # flat
+    if not _list_of(masked, bytes) or len(masked) != len(shapes):
+        return f"expected {len(shapes)} masked arrays", 0, ()
+    for raw, shape in zip(masked, shapes, strict=True):
+        try:
+            a = bytes_to_ndarray(raw)  # np.load(allow_pickle=False)
+        except ValueError as e:
+            return f"a masked array does not parse: {e}", 0, ()
+        if tuple(a.shape) != shape or a.dtype.kind not in "iu":
+            return f"a masked array is {a.dtype}{a.shape}, expected integers of {shape}", 0, ()
+    try:
+        notes = tuple(str(x)[:500] for x in json.loads(str(m.get(SecureKey.NOTES, "[]"))))[:20]
+    except (json.JSONDecodeError, TypeError):
+        notes = ()
+    return None, n, notes
+
+
+# --------------------------------------------------------------------------- the transport
+class SecAggPlusTransport:
+    """One SecAgg+ round over the ServerApp's ``grid`` per call of
+    :meth:`secure_mean`: the broadcast goes to the round's clients inside their
+    FitIns; back comes the mean of their uploads weighted by ``weighting`` (a
+    :data:`~osfl.fl.secagg_config.SECURE_WEIGHTINGS` name), never an upload.
+    ``nodes``: client id -> node id (a client without one is out of every
+    round, as under the plain transport).
+
+    The rest of the round loop's :class:`~osfl.fl.runtime.rounds.Transport`:
+    :meth:`exchange` (individual uploads) is refused, :meth:`restore` has
+    nothing to give back (each SuperNode keeps its state), and
+    :meth:`evaluate` is the plain :class:`GridTransport`'s (the released final
+    model goes to the sites in clear anyway; they answer with counts)."""
+
+    def __init__(
+        self,
+        grid: Grid,
+        nodes: Mapping[int, int],
+        digest: str,
+        config: SecAggPlusConfig,
+        timeout: float,
+        weighting: str = "data_size",
+        *,
+        num_classes: int,
+    ):
+        self.grid, self.nodes, self.digest = grid, dict(nodes), digest
+        self.config, self.timeout = config, timeout
+        self.weighting = SECURE_WEIGHTINGS.get(weighting)
+        self.weighting_name = weighting
+        self.plain = GridTransport(grid, self.nodes, digest, timeout, num_classes)
+
+    # --- the Transport protocol ----------------------------------------------------
+    def exchange(
+        self, round: int, clients: list[int], payload: bytes, task: ProgressTask
+    ) -> dict[int, ClientTurn]:
+        raise ConfigError(
+            "SecAgg+ returns the clients' weighted mean, never an individual upload: run "
+            "this transport with SecureRoundLoop (execute_secure), not the plain RoundLoop"
+        )
+
+    def client_states(self) -> dict[int, ClientState]:
+        return {}  # each SuperNode keeps its own state in its Context.state
+
+    def restore(self, states: Mapping[int, bytes]) -> None:
+        """Nothing to give back: each SuperNode keeps its own state."""
+
+    def evaluate(
+        self, payload: bytes, clients: list[int]
+    ) -> tuple[dict[int, SiteScore], dict[int, str]]:
+        """The sites score the released final state on their own test sets
+        (plain messages: nothing in them is a client's upload)."""
+        return self.plain.evaluate(payload, clients)
+
+    # --- one secure round ------------------------------------------------------------
+    def secure_mean(
+        self,
+        round: int,
+        clients: Sequence[int],
+        payload: bytes,
+        layout: Layout,
+        bounds: Mapping[int, int],
+    ) -> SecureRound:
+        """The weighted mean of the uploads of ``clients`` for the broadcast
+        ``payload``; ``layout``: what they upload; ``bounds``: the largest
+        ``num_samples`` the server accepts from each. An UploadError when
+        SecAgg+ cannot run or stops (fewer than 2 reachable clients, fewer
+        answers than its threshold)."""
+        if len(clients) < 2:
+            raise ConfigError(
+                f"round {round}: SecAgg+ needs at least 2 clients in a round, got "
+                f"{len(clients)} (the 'sum' of one client is its upload)"
+            )
+        unreachable = {c: NO_NODE for c in clients if c not in self.nodes}
+        reachable = [c for c in clients if c in self.nodes]
+        if len(reachable) < 2:
+            raise UploadError(
+                f"round {round}: SecAgg+ needs at least 2 clients with a SuperNode, got "
+                f"{reachable} (no SuperNode for {sorted(unreachable)})"
+            )
+        plan = plan_round(
+            self.config, layout, {c: bounds[c] for c in reachable}, self.weighting_name
+        )
+        node_to_client = {self.nodes[c]: c for c in reachable}
+        seen: dict[int, tuple[int, tuple[str, ...]]] = {}
+
+        def check_vector(reply: Message, client: int) -> str | None:
+            limit = min(self.weighting.bound(bounds[client]), plan.max_weight)
+            why, n, notes = vector_problem(reply, client, round, self.digest, layout, limit)
+            if why is None:
+                seen[client] = (n, notes)
+            return why
+
+        grid = _ProtocolGrid(self.grid, node_to_client, check_vector, self.timeout)
+        strategy = self.run_workflow(grid, round, reachable, payload, plan)
+        if not strategy.results:
+            why = {**unreachable, **grid.dropped}
+            detail = "; ".join(f"client {c}: {w}" for c, w in sorted(why.items()))
+            raise UploadError(
+                f"round {round}: secure aggregation stopped, too few clients answered for "
+                f"SecAgg+'s reconstruction threshold ({detail or 'no reason given'})"
+            )
+        arrays = [bytes_to_ndarray(t) for t in strategy.results[0][1].parameters.tensors]
+        mean = {
+            name: torch.from_numpy(np.asarray(a, dtype=np.float64).reshape(shape))
+            * plan.scales[name]
+            for (name, (shape, _)), a in zip(layout.items(), arrays, strict=True)
+        }
+        contributors = sorted(node_to_client[p.node_id] for p, _ in strategy.results)
+        return SecureRound(
+            plan=plan,
+            mean=mean,
+            weights={c: seen[c][0] for c in contributors},
+            dropped={
+                c: unreachable.get(c) or grid.dropped.get(c, "dropped by SecAgg+")
+                for c in clients
+                if c not in contributors
+            },
+            bytes_up=grid.bytes_up,
+            bytes_down=grid.bytes_down,
+            notes={c: seen[c][1] for c in contributors if seen[c][1]},
+        )
+
+    def run_workflow(
+        self,
+        grid: _ProtocolGrid,
+        round: int,
+        clients: Sequence[int],
+        payload: bytes,
+        plan: QuantizationPlan,
+    ) -> _OneRound:
+        """Flower's four SecAgg+ stages over ``grid`` for ``clients``; the
+        returned strategy holds the unmasked mean (or nothing, when it stopped)."""
+        run_id = self.grid.run.run_id
+        proxies = {c: GridClientProxy(self.nodes[c], grid, run_id) for c in clients}
+        known = SimpleClientManager()  # only for the workflow's log line
+        for proxy in proxies.values():
+            known.register(proxy)
+        strategy = _OneRound([(proxies[c], self.fitins(round, c, payload, plan)) for c in clients])
+        state = RecordDict(
+            {
+                MAIN_CONFIGS_RECORD: ConfigRecord({WorkflowKey.CURRENT_ROUND: int(round)}),
+                MAIN_PARAMS_RECORD: ArrayRecord(),
+            }
+        )
+        context = Context(run_id=run_id, node_id=0, node_config={}, state=state, run_config={})
+        workflow = SecAggPlusWorkflow(
+            num_shares=float(self.config.share_fraction),
+            reconstruction_threshold=float(self.config.threshold_fraction),
+            max_weight=float(plan.max_weight),
+            clipping_range=float(plan.clipping_range),
+            quantization_range=2**plan.quantization_bits,
+            modulus_range=2**MODULUS_BITS,
+            timeout=self.timeout,
+        )
+        workflow(grid, LegacyContext(context, strategy=strategy, client_manager=known))
+        return strategy
+
+    def fitins(self, round: int, client: int, payload: bytes, plan: QuantizationPlan) -> FitIns:
+        """Client ``client``'s instructions: the broadcast, osfl's envelope and
+        the round's quantisation plan."""
+        return FitIns(
+            parameters=Parameters([payload], BROADCAST_TENSOR_TYPE),
+            config={
+                SecureKey.ROUND: round,
+                SecureKey.CLIENT: client,
+                SecureKey.JOB: self.digest,
+                SecureKey.PLAN: plan.to_json(),
+            },
+        )
+
+
+# --------------------------------------------------------------------------- the round loop
+def secure_checkpoint_digest(digest: str) -> str:
+    """The job digest a secure run's checkpoints carry: a plain run's
+    checkpoint is never continued under SecAgg+, nor the reverse, so that a
+    record never claims secure rounds whose uploads the server saw (or the
+    reverse)."""
+    return f"{digest}+secagg"
+
+
+class SecureRoundLoop(RoundLoop):
+    """The shared round loop with SecAgg+ in place of individual uploads: each
+    round ``method.aggregate`` receives one upload, the clients' weighted mean
+    keyed :data:`~osfl.fl.secagg_config.SECURE_AGGREGATE`. No upload is
+    parsed, validated, screened or observed (observers see the broadcasts
+    only), so nothing goes through :meth:`RoundLoop.receive` or the pending
+    uploads of :class:`~osfl.fl.runtime.checkpoint.RoundCheckpoints`: a SecAgg+
+    round is all or nothing, and a run stopped inside one runs it again on
+    restart. A finished round is checkpointed and resumed as in the plain
+    loop (under :func:`secure_checkpoint_digest`). ``history`` keeps what the
+    server learnt in each round this process ran."""
+
+    def __init__(
+        self,
+        job: Job,
+        transport: SecAggPlusTransport,
+        observers: Sequence[Observer] = (),
+        *,
+        threads: int | None = None,
+    ):
+        super().__init__(job, transport, observers, threads=threads)
+        self.secure = transport
+        self.others = Observers(observers)  # broadcasts; the ByteCounter gets protocol bytes
+        self.digest = secure_checkpoint_digest(self.digest)
+        self.history: list[SecureRound] = []
+
+    def one_round(self, state: Any, r: int) -> tuple[Any, RoundRecord]:
+        method, job = self.method, self.job
+        t = time.perf_counter()
+        clients = method.sample_clients(r, job.num_clients, self.rng)
+        specs = {c: self.spec_for(state, r, c) for c in clients}
+        layout = layout_of(specs)
+        fallback = job.run.server.max_num_samples
+        bounds = {c: int(specs[c].meta["num_samples"].high or fallback) for c in clients}
+        payload = method.broadcast(state, r).to_bytes()
+        t_server = time.perf_counter() - t
+        sent = Broadcast.from_bytes(payload)
+        for c in clients:
+            self.others.on_broadcast(r, c, sent, len(payload))
+
+        t = time.perf_counter()
+        with job.run.progress.task(f"{method.name}: round {r + 1}, SecAgg+", 1) as task:
+            secure = self.secure.secure_mean(r, clients, payload, layout, bounds)
+            task.advance()
+        t_client = time.perf_counter() - t
+        self.history.append(secure)
+        accepted = sorted(secure.weights)
+        need = job.run.server.min_clients
+        if len(accepted) < need:
+            why = "; ".join(f"client {c}: {w}" for c, w in sorted(secure.dropped.items()))
+            raise UploadError(
+                f"round {r}: SecAgg+ summed {len(accepted)} client(s) of {len(clients)}, fewer "
+                f"than server.min_clients={need} ({why})"
+            )
+
+        t = time.perf_counter()
+        state = method.aggregate(state, {SECURE_AGGREGATE: secure.upload(layout)}, r)
+        t_server += time.perf_counter() - t
+        for c in accepted:  # as the plain loop counts accepted uploads only
+            self.bytes.up[r][c] += secure.bytes_up.get(c, 0)
+        for c in clients:
+            self.bytes.down[r][c] += secure.bytes_down.get(c, 0)
+        self.times["client"] += t_client
+        self.times["server"] += t_server
+        log.info("round %d: SecAgg+ mean of clients %s; dropped %s", r, accepted, secure.dropped)
+        record = RoundRecord(
+            round=r,
+            clients=list(clients),
+            accepted=accepted,
+            refused=dict(secure.dropped),
+            bytes_up=sum(secure.bytes_up.get(c, 0) for c in accepted),
+            bytes_down=sum(secure.bytes_down.get(c, 0) for c in clients),
+            bytes_refused=sum(secure.bytes_up.get(c, 0) for c in secure.dropped),
+            time_client_s=t_client,
+            time_server_s=t_server,
+            warnings={c: list(n) for c, n in secure.notes.items()},
+        )
+        return state, record
+
+
+def execute_secure(
+    grid: Grid,
+    job: Job,
+    config: SecAggPlusConfig,
+    *,
+    weighting: str | None,
+    observers: Sequence[Observer] = (),
+    digest: str | None = None,
+    round_timeout: float = 600.0,
+    node_timeout: float = 120.0,
+    threads: int | None = None,
+) -> RunResult:
+    """``FlowerGridRuntime.execute`` under SecAgg+: refuse what cannot run
+    (:func:`~osfl.fl.secagg_config.secure_refusal`; ``weighting``: the
+    method's ``secure_weighting``), discover the nodes, run
+    :class:`SecureRoundLoop`. ``digest`` is the one the nodes must have built
+    (default: this job's)."""
+    job.method.check()
+    why = secure_refusal(job.method.name, weighting, job.run.server)
+    if why is not None:
+        raise ConfigError(f"secure aggregation: {why}")
+    assert weighting is not None  # secure_refusal refuses None
+    digest = digest or job_digest(job)
+    log.info(
+        "osfl ServerApp under SecAgg+: method %s (%s weighting), seed %d, %d clients, job %s",
+        job.method.name,
+        weighting,
+        job.seed,
+        job.num_clients,
+        digest,
+    )
+    nodes = discover_clients(grid, job, digest, node_timeout)
+    transport = SecAggPlusTransport(
+        grid, nodes, digest, config, round_timeout, weighting, num_classes=job.run.num_classes
+    )
+    return SecureRoundLoop(job, transport, observers, threads=threads).execute()
+
+
+class SecureGridRuntime(FlowerGridRuntime):
+    """:class:`FlowerGridRuntime` whose rounds run under SecAgg+ with
+    ``config`` (:func:`execute_secure`)."""
+
+    def __init__(self, grid: Grid, config: SecAggPlusConfig, **kwargs: Any):
+        super().__init__(grid, **kwargs)
+        self.config = config
+
+    def execute(
+        self, job: Job, *, observers: Sequence[Observer] = (), digest: str | None = None
+    ) -> RunResult:
+        return execute_secure(
+            self.grid,
+            job,
+            self.config,
+            weighting=job.method.secure_weighting,
+            observers=observers,
+            digest=digest,
+            round_timeout=self.round_timeout,
+            node_timeout=self.node_timeout,
+            threads=self.threads,
+        )
+
+
+def grid_runtime(grid: Grid, secagg: SecAggPlusConfig, **kwargs: Any) -> FlowerGridRuntime:
+    """The Grid runtime a config asks for: under SecAgg+ when ``secagg.enabled``
+    (``kwargs``: :class:`FlowerGridRuntime`'s timeouts and threads)."""
+    if secagg.enabled:
+        return SecureGridRuntime(grid, secagg, **kwargs)
+    return FlowerGridRuntime(grid, **kwargs)

@@ -1,0 +1,368 @@
+"""TLS certificates and SuperNode keys for a Flower rehearsal of osfl.
+
+A Flower SuperLink serves its Fleet, Control and Runtime APIs over TLS when
+started with ``--ssl-ca-certfile/--ssl-certfile/--ssl-keyfile``; a SuperNode
+(and the ``flwr`` CLI) trusts it through ``--root-certificates`` (or
+``root-certificates`` in ``FLWR_HOME/config.toml``). For a rehearsal there is
+no real CA at hand, so :func:`make_certificates` makes a throwaway one: a
+self-signed CA certificate and a server certificate it signs, valid for the
+given host names and IP addresses. The CA's private key is never written:
+nothing else can ever be signed by that CA, so there is nothing to protect
+but the server key.
+
+:func:`make_node_keys` makes a SuperNode's authentication key pair the way
+Flower 1.41 reads it (``flwr/supernode/cli/flower_supernode.py``:
+``load_ssh_private_key``; ``flwr/cli/supernode/register.py``:
+``load_ssh_public_key``, NIST curves only): an ECDSA P-384 key pair in
+OpenSSH format, like ``ssh-keygen -t ecdsa -b 384 -N ""``.
+
+Run as ``python -m osfl.flower_app.certs DIR [--host H ...] [--node-keys N]``
+(mounted by the CLI as ``osfl flower certs``); it prints the flags to start
+``flower-superlink`` and ``flower-supernode`` with. See
+``docs/flower-security.md``. Reference: Flower docs, "Enable TLS connections"
+and "Authenticate SuperNodes", https://flower.ai/docs/framework/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import ipaddress
+import os
+import re
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from osfl.errors import ConfigError
+
+#: File names inside the certificate directory (the names Flower's docs use).
+CA_CERT = "ca.crt"
+SERVER_CERT = "server.pem"
+SERVER_KEY = "server.key"
+DEFAULT_HOSTS = ("127.0.0.1", "localhost")
+DEFAULT_DAYS = 30
+#: ``flower-superlink``'s default port in Flower 1.41 (Fleet, Control and Runtime APIs).
+FLOWER_PORT = 8000
+#: Certificates start this long before "now", so that a machine whose clock is
+#: a little behind the one that made them still accepts them.
+CLOCK_SKEW = datetime.timedelta(minutes=5)
+_DNS_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+
+
+@dataclass(frozen=True)
+class CertPaths:
+    """Where :func:`make_certificates` wrote the CA certificate (what clients
+    trust: ``--root-certificates``), the server certificate and its key."""
+
+    ca_cert: Path
+    server_cert: Path
+    server_key: Path
+
+    def superlink_flags(self) -> list[str]:
+        """``flower-superlink`` arguments that turn TLS on with these files."""
+        return [
+            "--ssl-ca-certfile",
+            str(self.ca_cert),
+            "--ssl-certfile",
+            str(self.server_cert),
+            "--ssl-keyfile",
+            str(self.server_key),
+        ]
+
+    def supernode_flags(self) -> list[str]:
+        """``flower-supernode`` arguments that make it trust this CA."""
+        return ["--root-certificates", str(self.ca_cert)]
+
+
+@dataclass(frozen=True)
+class NodeKeyPaths:
+    """A SuperNode's key pair: the private key starts the node
+    (``--auth-supernode-private-key``), the public key is registered with the
+    SuperLink (``flwr supernode register``)."""
+
+    private_key: Path
+    public_key: Path
+
+
+def _check_hosts(hosts: Sequence[str]) -> list[x509.GeneralName]:
+    """Each host as a subjectAltName: an IP address or a DNS name."""
+    if isinstance(hosts, str) or not hosts:
+        raise ConfigError(
+            f"hosts must be a non-empty list of host names or IP addresses, got {hosts!r}"
+        )
+    names: list[x509.GeneralName] = []
+    for host in hosts:
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+            continue
+        except ValueError:
+            pass
+        labels = str(host).rstrip(".").split(".")
+        if not host or len(host) > 253 or not all(_DNS_LABEL.match(x) for x in labels):
+            raise ConfigError(
+                f"host {host!r} is neither an IP address nor a valid DNS name "
+                "(letters, digits, hyphens and dots)"
+            )
+        names.append(x509.DNSName(host))
+    return names
+
+
+def _refuse_existing(paths: Sequence[Path], overwrite: bool) -> None:
+    existing = [str(p) for p in paths if p.exists()]
+    if existing and not overwrite:
+        raise ConfigError(
+            f"refusing to overwrite {', '.join(existing)}: pass overwrite=True "
+            "(--overwrite) or choose another directory"
+        )
+
+
+def _make_dir(directory: str | Path) -> Path:
+    root = Path(directory).expanduser().resolve()
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"{root} exists and is not a directory")
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    """Write ``data`` to a fresh file created with ``mode``: a key never
+    exists, not even for a moment, with wider permissions."""
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(path, mode)  # the umask may have narrowed it; make it exact
+
+
+def make_certificates(
+    directory: str | Path,
+    *,
+    hosts: Sequence[str] = DEFAULT_HOSTS,
+    days: int = DEFAULT_DAYS,
+    overwrite: bool = False,
+) -> CertPaths:
+    """Make a throwaway CA and a server certificate it signs, valid ``days``
+    days for ``hosts`` (IP addresses and DNS names; a SuperNode must reach the
+    SuperLink by one of them), in ``directory`` (created if missing). Keep
+    ``127.0.0.1`` among them: the SuperLink's own ``flower-superexec``
+    connects to its ``--host`` (``0.0.0.0`` read as ``127.0.0.1``) and
+    verifies this certificate there (``flwr/supercore/address.py``).
+
+    Writes ``ca.crt`` and ``server.pem`` (0644) and ``server.key`` (0600);
+    refuses to replace any of them unless ``overwrite``. Keys are ECDSA P-256
+    (TLS 1.2/1.3 with OpenSSL, gRPC and Python's ``ssl`` alike); the server
+    certificate carries the extensions strict verifiers require (SAN,
+    serverAuth, authority/subject key identifiers).
+    """
+    if isinstance(days, bool) or not isinstance(days, int) or days < 1:
+        raise ConfigError(f"days must be a positive integer, got {days!r}")
+    san = _check_hosts(hosts)
+    root = _make_dir(directory)
+    paths = CertPaths(root / CA_CERT, root / SERVER_CERT, root / SERVER_KEY)
+    _refuse_existing([paths.ca_cert, paths.server_cert, paths.server_key], overwrite)
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    start, end = now - CLOCK_SKEW, now + datetime.timedelta(days=days)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "osfl rehearsal CA")])
+    ca_ski = x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key())
+    ca_cert = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(ca_ski, critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    server_key = ec.generate_private_key(ec.SECP256R1())
+    server_cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, str(hosts[0]))]))
+        .issuer_name(ca_name)
+        .public_key(server_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.SubjectAlternativeName(san), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=True,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.SubjectKeyIdentifier.from_public_key(server_key.public_key()), critical=False
+        )
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski),
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+
+    pem = serialization.Encoding.PEM
+    _write(paths.ca_cert, ca_cert.public_bytes(pem), 0o644)
+    _write(paths.server_cert, server_cert.public_bytes(pem), 0o644)
+    _write(
+        paths.server_key,
+        server_key.private_bytes(
+            pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        ),
+        0o600,
+    )
+    return paths
+
+
+def make_node_keys(directory: str | Path, name: str, *, overwrite: bool = False) -> NodeKeyPaths:
+    """Make a SuperNode key pair ``<name>`` (private, 0600) and
+    ``<name>.pub`` (OpenSSH public key line) in ``directory``: ECDSA P-384,
+    unencrypted, the format ``flower-supernode --auth-supernode-private-key``
+    and ``flwr supernode register`` read."""
+    if not re.fullmatch(r"[A-Za-z0-9_.-]+", name or "") or name.startswith("."):
+        raise ConfigError(f"node key name {name!r} must be a plain file name ([A-Za-z0-9_.-])")
+    root = _make_dir(directory)
+    paths = NodeKeyPaths(root / name, root / f"{name}.pub")
+    _refuse_existing([paths.private_key, paths.public_key], overwrite)
+    key = ec.generate_private_key(ec.SECP384R1())
+    private = key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    )
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    _write(paths.private_key, private, 0o600)
+    _write(paths.public_key, public + f" osfl-{name}\n".encode(), 0o644)
+    return paths
+
+
+# --------------------------------------------------------------------------- command line
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command's arguments (so that ``osfl flower certs`` can mount it)."""
+    parser.add_argument("directory", help="directory to write into (created if missing)")
+    parser.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        help="host name or IP address the SuperNodes use to reach the SuperLink "
+        f"(repeatable); {' and '.join(DEFAULT_HOSTS)} are always included: the "
+        "SuperLink's own flower-superexec connects to it there",
+    )
+    parser.add_argument(
+        "--days", type=int, default=DEFAULT_DAYS, help="validity in days (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--node-keys",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also make N SuperNode key pairs (supernode-0 .. supernode-N-1) for "
+        "SuperNode authentication",
+    )
+    parser.add_argument("--overwrite", action="store_true", help="replace files that already exist")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Make the files ``args`` asks for and print how to use them."""
+    if args.node_keys < 0:
+        raise ConfigError(f"--node-keys must be >= 0, got {args.node_keys}")
+    # dict.fromkeys: the user's hosts first (the first names the certificate), no repeats
+    hosts = tuple(dict.fromkeys([*args.host, *DEFAULT_HOSTS]))
+    paths = make_certificates(args.directory, hosts=hosts, days=args.days, overwrite=args.overwrite)
+    keys = [
+        make_node_keys(paths.ca_cert.parent, f"supernode-{i}", overwrite=args.overwrite)
+        for i in range(args.node_keys)
+    ]
+    link = f"{_addr(hosts[0])}:{FLOWER_PORT}"
+    out = [
+        f"wrote {paths.ca_cert}, {paths.server_cert}, {paths.server_key}",
+        f"(valid {args.days} days for {', '.join(hosts)}; SuperNodes must reach the "
+        "SuperLink by one of these names)",
+        "",
+        "SuperLink (add --host 0.0.0.0 to listen beyond this machine):",
+        f"  flower-superlink {' '.join(paths.superlink_flags())}"
+        f"{' --enable-supernode-auth' if keys else ''} --port {FLOWER_PORT}",
+        f"SuperNode (copy {paths.ca_cert.name} to its machine):",
+        f"  flower-supernode --superlink {link} {' '.join(paths.supernode_flags())} "
+        '--node-config "partition-id=<i> num-partitions=<n>"',
+        "flwr CLI ($FLWR_HOME/config.toml: root-certificates instead of insecure = true):",
+        "  [superlink.<name>]",
+        f'  address = "{link}"',
+        f'  root-certificates = "{paths.ca_cert}"',
+    ]
+    if keys:
+        out += ["", "SuperNode keys: register each public key, then start its node with its key:"]
+        for k in keys:
+            out += [
+                f"  flwr supernode register {k.public_key} <name>",
+                f"  flower-supernode ... --auth-supernode-private-key {k.private_key}",
+            ]
+    sys.stdout.write("\n".join(out) + "\n")
+    return 0
+
+
+def _addr(host: str) -> str:
+    with contextlib.suppress(ValueError):
+        if ipaddress.ip_address(host).version == 6:
+            return f"[{host}]"
+    return host
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m osfl.flower_app.certs DIR [--host H ...] [--days N]
+    [--node-keys N] [--overwrite]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m osfl.flower_app.certs",
+        description="Make a throwaway CA, a server certificate (and SuperNode keys) "
+        "for a TLS Flower rehearsal.",
+    )
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except ConfigError as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,202 @@
+"""Byzantine clients as an experiment: named simulated clients replace their
+honest upload by poison (``byzantine: {clients: [0], kind: sign_flip}``).
+
+Measuring robustness is what this field does (Blanchard et al., NeurIPS 2017;
+Yin et al., ICML 2018; Fang et al., "Local Model Poisoning Attacks to
+Byzantine-Robust Federated Learning", USENIX Security 2020). The poisons are
+the classic ones, applied to whatever the method uploads: float tensors that
+the broadcast also holds are treated as an update ``Δ = upload − broadcast``,
+other float tensors as values. The update poisons leave BatchNorm statistics
+honest, as a careful attacker would (``bn_var`` is the one that does not).
+
+==============  ==============================================================
+``sign_flip``   ``broadcast − scale·Δ`` (the reversed update, ``scale`` 10)
+``scale``       ``broadcast + scale·Δ`` (a boosted update; e.g. ``scale: 1e30``)
+``max``         every float value at the dtype's largest finite value
+``nan``         every float value NaN (refused by any finite check)
+``bn_var``      every BatchNorm ``running_var`` at −1e6 (a valid-looking model)
+``num_samples`` ``meta.num_samples`` = 10¹⁸ (claims the weight of the federation)
+``random``      ``broadcast + N(0, σ²)`` with the honest update's norm (noise)
+==============  ==============================================================
+
+The wrapper (:class:`ByzantineMethod`) is covert: the method's public
+hyper-parameters do not change; the run's record says who was poisoned.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from osfl.data.imageset import ImageSet
+from osfl.errors import ConfigError
+from osfl.fl.context import ClientContext
+from osfl.fl.method import Method, MethodWrapper
+from osfl.fl.upload import Broadcast, Upload
+from osfl.registry import Registry
+
+Tensors = dict[str, torch.Tensor]
+Poison = Callable[[Upload, Broadcast, "ByzantineConfig", torch.Generator], Upload]
+POISONS: Registry[Poison] = Registry("poison")
+
+
+@dataclass(frozen=True)
+class ByzantineConfig:
+    """``clients``: the client ids that send poison; ``kind``: a registered
+    poison (:data:`POISONS`); ``scale``: its factor where it has one."""
+
+    clients: list[int] = field(default_factory=list)
+    kind: str = "sign_flip"
+    scale: float = 10.0
+
+    def __post_init__(self) -> None:
+        POISONS.get(self.kind)  # unknown name -> ConfigError listing the valid ones
+        if not all(isinstance(c, int) and c >= 0 for c in self.clients):
+            raise ConfigError(f"byzantine.clients must be client ids >= 0, got {self.clients}")
+        if not math.isfinite(self.scale):
+            raise ConfigError(f"byzantine.scale must be finite, got {self.scale}")
+
+
+#: BatchNorm statistics a careful attacker leaves honest (a negative variance is refused).
+_BN_BUFFERS = ("running_mean", "running_var")
+
+
+def _floats(upload: Upload, broadcast: Broadcast) -> tuple[list[str], list[str]]:
+    """(keys with a same-shaped broadcast counterpart: updates, other float keys:
+    values), BatchNorm statistics left out."""
+    deltas, values = [], []
+    for k, v in upload.tensors.items():
+        if not v.is_floating_point() or k.endswith(_BN_BUFFERS):
+            continue
+        b = broadcast.tensors.get(k)
+        (deltas if b is not None and b.shape == v.shape else values).append(k)
+    return deltas, values
+
+
+def _with(upload: Upload, tensors: Mapping[str, torch.Tensor], **meta: Any) -> Upload:
+    return Upload(tensors={**upload.tensors, **tensors}, meta={**upload.meta, **meta})
+
+
+def _affine(upload: Upload, broadcast: Broadcast, factor: float) -> Upload:
+    """Updates scaled by ``factor`` around the broadcast; values by ``factor``."""
+    deltas, values = _floats(upload, broadcast)
+    out: Tensors = {}
+    for k in deltas:
+        b = broadcast.tensors[k].to(torch.float64)
+        u = upload.tensors[k].to(torch.float64)
+        out[k] = _finite_cast(b + factor * (u - b), upload.tensors[k].dtype)
+    for k in values:
+        out[k] = _finite_cast(factor * upload.tensors[k].to(torch.float64), upload.tensors[k].dtype)
+    return _with(upload, out)
+
+
+def _finite_cast(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` in ``dtype``, saturated at its largest finite value (a poisoned
+    client sends finite numbers: an Inf would be refused at once)."""
+    big = torch.finfo(dtype).max
+    return x.clamp(-big, big).to(dtype)
+
+
+@POISONS.register("sign_flip")
+def _sign_flip(upload, broadcast, cfg, gen) -> Upload:
+    return _affine(upload, broadcast, -abs(cfg.scale))
+
+
+@POISONS.register("scale")
+def _scale(upload, broadcast, cfg, gen) -> Upload:
+    return _affine(upload, broadcast, cfg.scale)
+
+
+@POISONS.register("max")
+def _max(upload, broadcast, cfg, gen) -> Upload:
+    out = {
+        k: torch.full_like(v, torch.finfo(v.dtype).max)
+        for k, v in upload.tensors.items()
+        if v.is_floating_point()
+    }
+    return _with(upload, out)
+
+
+@POISONS.register("nan")
+def _nan(upload, broadcast, cfg, gen) -> Upload:
+    out = {
+        k: torch.full_like(v, math.nan) for k, v in upload.tensors.items() if v.is_floating_point()
+    }
+    return _with(upload, out)
+
+
+@POISONS.register("bn_var")
+def _bn_var(upload, broadcast, cfg, gen) -> Upload:
+    out = {
+        k: torch.full_like(v, -1e6) for k, v in upload.tensors.items() if k.endswith("running_var")
+    }
+    return _with(upload, out)
+
+
+@POISONS.register("num_samples")
+def _num_samples(upload, broadcast, cfg, gen) -> Upload:
+    return _with(upload, {}, num_samples=10**18)
+
+
+@POISONS.register("random")
+def _random(upload, broadcast, cfg, gen) -> Upload:
+    deltas, values = _floats(upload, broadcast)
+    keys = deltas + values
+    honest = [
+        upload.tensors[k].double() - (broadcast.tensors[k].double() if k in deltas else 0)
+        for k in keys
+    ]
+    norm = math.sqrt(sum(float(t.pow(2).sum()) for t in honest)) or 1.0
+    noise = [torch.randn(t.shape, generator=gen, dtype=torch.float64) for t in honest]
+    scale = norm / (math.sqrt(sum(float(n.pow(2).sum()) for n in noise)) or 1.0)
+    out: Tensors = {}
+    for k, n in zip(keys, noise, strict=True):
+        base = broadcast.tensors[k].double() if k in deltas else 0.0
+        out[k] = _finite_cast(base + scale * n, upload.tensors[k].dtype)
+    return _with(upload, out)
+
+
+class ByzantineMethod(MethodWrapper):
+    """``inner`` whose clients in ``config.clients`` send ``config.kind`` poison
+    instead of their honest upload (everything else is the inner method's)."""
+
+    def __init__(self, inner: Method, config: ByzantineConfig):
+        super().__init__(inner)
+        self.byzantine = config
+
+    def client_update(self, ctx: ClientContext, broadcast: Broadcast, data: ImageSet) -> Upload:
+        upload = self.inner.client_update(ctx, broadcast, data)
+        if ctx.client_id not in self.byzantine.clients:
+            return upload
+        gen = torch.Generator().manual_seed(ctx.seed_for("byzantine"))
+        return POISONS.get(self.byzantine.kind)(upload, broadcast, self.byzantine, gen)
+
+
+def byzantine_config(spec: Mapping[str, Any] | ByzantineConfig | None) -> ByzantineConfig | None:
+    """The config's ``byzantine`` mapping as a :class:`ByzantineConfig` (``None``
+    when empty); unknown options are a ConfigError listing the valid ones."""
+    if spec is None or isinstance(spec, ByzantineConfig):
+        return spec
+    if not spec:
+        return None
+    valid = [f.name for f in dataclasses.fields(ByzantineConfig)]
+    unknown = sorted(set(spec) - set(valid))
+    if unknown:
+        raise ConfigError(
+            f"unknown byzantine option(s) {', '.join(unknown)}; valid: {', '.join(valid)}"
+        )
+    opts = dict(spec)
+    if "clients" in opts:
+        opts["clients"] = [int(c) for c in opts["clients"]]
+    return ByzantineConfig(**opts)
+
+
+def apply_byzantine(method: Method, spec: Mapping[str, Any] | ByzantineConfig | None) -> Method:
+    """``method`` wrapped in :class:`ByzantineMethod` when ``spec`` names clients."""
+    cfg = byzantine_config(spec)
+    return ByzantineMethod(method, cfg) if cfg is not None and cfg.clients else method

@@ -1,0 +1,171 @@
+"""``osfl run``'s work: every grid point of a config into one run directory.
+
+Everything is planned first — configs of every grid point, data, federations,
+methods and their ``check`` — so that a bad option or an incompatible method
+stops the command before the run directory is made and before any client
+trains. The directory is then made in one of three modes (``new``,
+``overwrite``, ``resume``; :func:`osfl.rundir.prepare`), and ``metrics.json``
+is rewritten atomically after every finished record, so an interrupted or
+failed run keeps everything it finished and ``--resume DIR`` runs only the
+records that are missing (same config, or it refuses).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from osfl import report
+from osfl.assembly import check_names, method_names
+from osfl.config import (
+    ExperimentConfig,
+    expand_sweeps,
+    load_config,
+    merge_sweeps,
+    sweep_label,
+    to_dict,
+    to_yaml,
+)
+from osfl.errors import ConfigError, DataError
+from osfl.experiment import Plan, execute_plan, plan_experiment
+from osfl.fl.progress import Progress
+from osfl.rundir import RunDir
+
+
+@dataclass
+class RunRequest:
+    """What ``osfl run`` was asked: a config file (``None``: the embedded
+    default), overrides, extra sweep axes, the output directory, its mode."""
+
+    config: str | None = None
+    overrides: Sequence[str] = ()
+    sweeps: Sequence[str] = ()
+    out: str | None = None
+    mode: str = "new"
+    command: str = "osfl run"
+
+
+@dataclass
+class RunOutcome:
+    base: ExperimentConfig
+    out: Path
+    records: list[dict[str, Any]] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+Announce = Callable[[str], None]
+BoardFactory = Callable[[bool], Progress]
+
+
+def record_key(record: Mapping[str, Any]) -> tuple[str, str, int]:
+    """What identifies a record in a run: grid point, method, seed."""
+    return (str(record.get("point", "")), str(record["method"]), int(record["seed"]))
+
+
+def _stored_config(out: Path) -> str:
+    """The resolved config a run directory holds (its header comment dropped)."""
+    text = (out / "config.yaml").read_text()
+    return "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+
+
+def _finished(out: Path) -> list[dict[str, Any]]:
+    path = out / "metrics.json"
+    if not path.is_file():
+        return []
+    try:
+        return list(report.read_metrics(path)["records"])
+    except DataError as e:  # a damaged file is not resumed over
+        raise DataError(f"{e}; cannot resume from it") from e
+
+
+def plan_points(
+    req: RunRequest, make_board: BoardFactory
+) -> tuple[ExperimentConfig, Progress, list[tuple[Mapping[str, str], Plan]]]:
+    """The resolved base config, the progress board (``make_board(config's
+    progress)``) and every grid point's :class:`Plan`."""
+    base = load_config(req.config, req.overrides)
+    progress = make_board(base.progress)
+    sweeps = merge_sweeps(base.sweep, req.sweeps)
+    points = expand_sweeps(sweeps)
+    cfgs = [
+        (p, load_config(req.config, [*req.overrides, *(f"{k}={v}" for k, v in p.items())]))
+        for p in points
+    ]
+    for _, c in cfgs:  # every grid point's names are validated before anything loads
+        check_names(c)
+    base = dataclasses.replace(base, methods=method_names(base), sweep=list(sweeps))
+    plans = [(point, plan_experiment(cfg, progress=progress)) for point, cfg in cfgs]
+    return base, progress, plans
+
+
+def run(req: RunRequest, make_board: BoardFactory, announce: Announce = print) -> RunOutcome:
+    """Plan every grid point, then run them into the run directory; returns
+    every record (finished earlier ones included when resuming).
+    ``make_board(enabled)`` gives the progress board (``enabled``: the
+    config's ``progress``)."""
+    base, progress, plans = plan_points(req, make_board)
+    out = Path(req.out or base.out_dir or RunDir.default_path(base.name))
+    config_text = to_yaml(base)
+    done: list[dict[str, Any]] = []
+    if req.mode == "resume" and (out / "config.yaml").is_file():
+        if _stored_config(out).strip() != config_text.strip():
+            raise ConfigError(
+                f"--resume {out}: this config differs from the run's config.yaml; resume "
+                "with the same config and overrides (or start a new run)"
+            )
+        done = _finished(out)
+    outcome = RunOutcome(base, out, records=list(done))
+    skip = {record_key(r) for r in done}
+    info = {"config": to_dict(base), "sweep": base.sweep}
+    t0 = time.perf_counter()
+    with RunDir(out, mode=req.mode) as rd, progress:
+        if req.mode != "resume":
+            rd.write_text("config.yaml", f"# {req.command}\n" + config_text)
+        rd.event("run_start", config=req.config or "embedded default", points=len(plans))
+        if skip:
+            rd.event("run_resumed", finished=len(skip))
+
+        def keep(record: dict[str, Any]) -> None:
+            info.pop("in_progress", None)
+            outcome.records.append(record)
+            report.write_metrics(rd.path / "metrics.json", outcome.records, info=info)
+
+        def progress_of(context: Mapping[str, Any], rounds: list[dict[str, Any]]) -> None:
+            # a multi-round method's rounds so far (not a record: --resume reruns it)
+            info["in_progress"] = {**context, "rounds": rounds}
+            report.write_metrics(rd.path / "metrics.json", outcome.records, info=info)
+
+        for point, plan in plans:
+            if sweep_label(point):
+                announce(sweep_label(point))
+            execute_plan(
+                plan, rundir=rd, point=point, on_record=keep, on_round=progress_of, skip=skip
+            )
+        outcome.wall_s = time.perf_counter() - t0
+        info["wall_time_s"] = round(outcome.wall_s, 3)
+        report.write_metrics(rd.path / "metrics.json", outcome.records, info=info)
+        write_summary(rd, outcome)
+        rd.event("run_end", wall_time_s=round(outcome.wall_s, 3), records=len(outcome.records))
+    return outcome
+
+
+def write_summary(rd: RunDir, outcome: RunOutcome) -> None:
+    """``summary.md`` (with the audit table when a run was audited) and ``curves.png``."""
+    base, records = outcome.base, outcome.records
+    notes = [
+        f"data `{base.data.source}`, {base.partition.num_clients} clients, "
+        f"partition `{base.partition.scheme}`, model `{base.model.name}`, scale `{base.scale}`",
+        f"seeds {sorted({r['seed'] for r in records})}; wall time {outcome.wall_s:.1f} s",
+    ]
+    rows = report.summarize(records)
+    summary = report.summary_markdown(rows, title=f"osfl run: {base.name}", notes=notes)
+    if any("audit" in r for r in records):  # privacy audits (audit=[rlu, ...]): their own table
+        from osfl.privacy.audit import audit_markdown
+
+        summary = summary.rstrip() + "\n\n" + audit_markdown(records)
+    rd.write_text("summary.md", summary)
+    report.plot_curves(records, rd.path / "curves.png")

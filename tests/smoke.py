@@ -1,0 +1,45 @@
+"""The tiny task every registered method runs on in the registry-wide tests
+(``test_contract``, ``test_aggregate_extremes``): digits at 8 px, 3 clients,
+then the method's own ``smoke`` overrides (fewer server epochs, a ViT where it
+needs one). Not a test module: shared by them."""
+
+from __future__ import annotations
+
+import osfl.methods  # noqa: F401  (registers the methods)
+from osfl import assembly
+from osfl.config import ExperimentConfig, load_config
+from osfl.data.imageset import DataSplits
+from osfl.fl.method import METHODS
+
+#: The tiny task every method runs on (a method's ``smoke`` overrides come after).
+BASE = (
+    "data.image_size=8",
+    "data.max_per_class=24",
+    "partition.num_clients=3",
+    "partition.alpha=0.5",
+    "partition.min_partition_size=10",
+    "train.epochs=8",
+    "train.batch_size=16",
+    "train.optimizer=sgdm",
+    "train.lr=0.05",
+    "cache_dir=null",
+    "seeds=[0]",
+)
+
+
+def smoke_config(name: str, run_as: str | None = None) -> ExperimentConfig:
+    """Method ``name``'s smoke experiment; ``run_as`` runs another method on the
+    very same task (model, data) — the baseline it must beat."""
+    methods = f"methods=[{run_as or name}]"
+    return load_config(None, [*BASE, *METHODS.get(name).smoke, methods])
+
+
+_SPLITS: dict[str, DataSplits] = {}
+
+
+def smoke_context(cfg: ExperimentConfig) -> assembly.SeedContext:
+    """The seed context of ``cfg`` (its data set loaded once per data config)."""
+    key = repr(cfg.data)
+    if key not in _SPLITS:
+        _SPLITS[key] = assembly.load_splits(cfg)
+    return assembly.seed_context(cfg, _SPLITS[key], cfg.seeds[0])

@@ -1,0 +1,61 @@
+"""The outputs printed in README.md and docs/ are checkable: the checker
+(``scripts/check_docs.py``) masks only machine-dependent numbers, and (slow)
+every marked command still prints what the docs show."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _checker():
+    spec = importlib.util.spec_from_file_location("check_docs", ROOT / "scripts" / "check_docs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["check_docs"] = module  # dataclasses look their module up here
+    spec.loader.exec_module(module)
+    return module
+
+
+TABLE = """\
+┃ method   ┃ seeds ┃ accuracy (%) ┃  bytes up ┃ time (s) ┃
+│ fedavg   │     1 │        53.66 │ 482.5 KiB │      0.3 │
+│ ensemble │     1 │        85.14 │ 482.5 KiB │      0.6 │
+run directory: /tmp/x  (49.5 s)
+"""
+
+
+def test_times_and_paths_are_masked_but_accuracies_are_not() -> None:
+    check = _checker()
+    slower = TABLE.replace("0.3 │", "12.9 │").replace("(49.5 s)", "(301.0 s)")
+    slower = slower.replace("/tmp/x", "/tmp/elsewhere")
+    assert check.missing_lines(TABLE, slower) == []
+    other = TABLE.replace("85.14", "85.15")
+    assert check.missing_lines(TABLE, other) == ["│ ensemble │ 1 │ 85.14 │ 482.5 KiB │ ~ │"]
+
+
+def test_a_documented_excerpt_must_appear_in_order() -> None:
+    check = _checker()
+    excerpt = "│ ensemble │     1 │        85.14 │ 482.5 KiB │      0.6 │\n"
+    assert check.missing_lines(excerpt, TABLE) == []
+    assert check.missing_lines("markdown | line | 1 |\n", TABLE) == ["markdown | line | 1 |"]
+
+
+def test_every_marker_is_followed_by_an_output_block() -> None:
+    check = _checker()
+    found = [b for f in [ROOT / "README.md", *ROOT.glob("docs/**/*.md")] for b in check.blocks(f)]
+    assert len(found) >= 5
+    for b in found:
+        assert b.start <= b.end and b.command
+        assert (b.code is not None) == (b.command == "python")
+
+
+@pytest.mark.slow
+def test_documented_outputs_match_fresh_runs() -> None:
+    """Runs every marked command (several minutes)."""
+    assert _checker().main([]) == 0

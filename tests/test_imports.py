@@ -1,0 +1,165 @@
+"""Data flows one way: no import cycle anywhere in ``src/osfl`` (function-level
+and ``TYPE_CHECKING`` imports included), every import goes down the layers
+data → models → fl → config/report/rundir → methods/privacy/pretrain →
+assembly → experiment → runner → cli/flower_app, and every module imports in a fresh
+interpreter.
+
+Run on its own: ``python -m pytest -q tests/test_imports.py``.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+#: layer of a module = the first matching prefix's rank (most specific first)
+LAYERS: list[tuple[str, int]] = [
+    ("osfl.cli", 9),
+    ("osfl.flower_app", 9),
+    ("osfl.runner", 8),
+    ("osfl.experiment", 7),
+    ("osfl.audit_dir", 7),
+    ("osfl.assembly", 6),
+    ("osfl.site_assembly", 6),
+    ("osfl.methods", 5),
+    ("osfl.privacy", 5),
+    ("osfl.pretrain", 5),
+    ("osfl.robustness", 5),
+    ("osfl.config", 4),
+    ("osfl.report", 4),
+    ("osfl.rundir", 4),
+    ("osfl.fl", 3),
+    ("osfl.models", 2),
+    ("osfl.data", 1),
+    ("osfl.errors", 0),
+    ("osfl.jsonio", 0),
+    ("osfl.registry", 0),
+]
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted((SRC / "osfl").rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__main__":
+            continue
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def layer(module: str) -> int:
+    if module == "osfl":  # the package's __init__: only the version string
+        return 0
+    for prefix, rank in LAYERS:
+        if module == prefix or module.startswith(prefix + "."):
+            return rank
+    raise AssertionError(f"module {module} is in no layer: add it to LAYERS")
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the osfl modules it imports (any statement, any depth)."""
+    mods = modules()
+
+    def resolve(name: str) -> str | None:
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*up, base] if base else up)
+                # `from a.b import c` imports the submodule a.b.c when there is one
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+            for t in targets:
+                if t.startswith("osfl"):
+                    r = resolve(t)
+                    if r is not None and r != mod:
+                        graph[mod].add(r)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    counter = [0]
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle_anywhere() -> None:
+    found = cycles(import_graph())
+    assert not found, f"import cycles: {found}"
+
+
+def test_every_import_goes_down_the_layers() -> None:
+    upward = [
+        f"{a} (layer {layer(a)}) imports {b} (layer {layer(b)})"
+        for a, targets in import_graph().items()
+        for b in targets
+        if layer(b) > layer(a)
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:
+    """The two checks above can fail: a planted cycle and upward edge are found."""
+    graph = {"osfl.fl.a": {"osfl.fl.b"}, "osfl.fl.b": {"osfl.fl.a"}, "osfl.data.x": set()}
+    assert cycles(graph) == [["osfl.fl.a", "osfl.fl.b"]]
+    assert layer("osfl.data.x") < layer("osfl.fl.a")
+
+
+def test_every_module_imports_in_a_fresh_interpreter() -> None:
+    """A new Python process imports every module (an import-time error, e.g. a
+    name that moved, fails here); import order cannot matter because the graph
+    has no cycle (above)."""
+    names = sorted(modules())
+    code = "import importlib, sys\nfor n in sys.argv[1:]:\n    importlib.import_module(n)\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *names], capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
