@@ -437,3 +437,34 @@ def test_a_run_from_the_encoder_is_checked_and_records_it(cli_run, tmp_path, cap
     (record,) = json.loads((tmp_path / "b" / "metrics.json").read_text())["records"]
     assert record["pretrained"]["sha256"] == card["weights"]["sha256"]
     assert record["pretrained"]["upstream"]["classes"] == card["upstream"]["classes"]
+
+
+def test_a_run_from_an_encoder_gets_a_fresh_head_even_with_as_many_classes(cli_run):
+    """The encoder's 5-class head scores digits 0-4; a 5-class task of other
+    classes must not start from it (it would predict the wrong classes and
+    score below chance): the trunk loads, the head is the run's own."""
+    from safetensors.torch import load_file
+
+    from osfl import assembly
+    from osfl.config import load_config
+
+    out, _ = cli_run
+    kwargs = KWARGS.rstrip("}") + f", pretrained: {out}}}"
+    cfg = load_config(
+        None,
+        [
+            "model.name=vit_tiny_patch2_16",
+            f"model.kwargs={kwargs}",
+            "data.image_size=8",
+            "data.max_per_class=30",
+            "data.classes=[5,6,7,8,9]",
+            "cache_dir=null",
+        ],
+    )
+    ctx = assembly.seed_context(cfg, assembly.load_splits(cfg), 0)
+    model = ctx.run.model.build(ctx.run.num_classes)
+    saved = load_file(str(out))
+    state = model.state_dict()
+    assert saved["head.weight"].shape == state["head.weight"].shape  # 5 classes both
+    assert not torch.equal(saved["head.weight"], state["head.weight"])
+    assert torch.equal(saved["blocks.0.attn.qkv.weight"], state["blocks.0.attn.qkv.weight"])

@@ -91,6 +91,23 @@ def test_resume_runs_only_the_missing_records(tmp_path) -> None:
     assert again[1]["global_test_accuracy"] == full[1]["global_test_accuracy"]
 
 
+def test_a_run_started_before_an_upgrade_resumes(tmp_path) -> None:
+    """A config.yaml written before osfl gained a key (here ``secagg``) is the
+    same config: the key takes its default, and the resume goes on."""
+    out = tmp_path / "run"
+    assert main(["run", *tiny(tmp_path), "--out", str(out)]) == 0
+    text = (out / "config.yaml").read_text()
+    start = text.index("\nsecagg:")
+    end = text.index("\n", text.index("max_weight:", start) + 1)
+    (out / "config.yaml").write_text(text[:start] + text[end:])
+    assert "secagg" not in (out / "config.yaml").read_text()
+    doc = json.loads((out / "metrics.json").read_text())
+    doc["records"] = doc["records"][:1]
+    (out / "metrics.json").write_text(json.dumps(doc))
+    assert main(["run", "--resume", str(out), "--no-progress"]) == 0
+    assert [r["method"] for r in records(out)] == ["fedavg", "ensemble"]
+
+
 def test_resume_with_another_config_is_refused(tmp_path, capsys) -> None:
     out = tmp_path / "run"
     assert main(["run", *tiny(tmp_path), "--out", str(out)]) == 0

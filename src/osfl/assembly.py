@@ -259,6 +259,8 @@ def run_context(
     kwargs = dict(cfg.model.kwargs)
     kwargs.setdefault("in_chans", c)
     kwargs.setdefault("img_size", h)
+    if (weights or {}).get("card") is not None:  # its head scores the upstream classes
+        kwargs.setdefault("pretrained_head", "fresh")
     train_tf, eval_tf = build_transforms(cfg, stats_from)
     return RunContext(
         num_classes=len(classes),

@@ -19,6 +19,7 @@ https://omegaconf.readthedocs.io/en/2.3_branch/structured_config.html
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -324,6 +325,25 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- methods
+def options_config(cls: type, spec: Mapping[str, Any], key: str) -> Any:
+    """A free-form option mapping of the config (``defense: {...}``,
+    ``byzantine: {...}``) as the dataclass ``cls``: unknown options are one
+    ConfigError listing the valid ones (with a hint when YAML glued a colon
+    to a key)."""
+    valid = [f.name for f in dataclasses.fields(cls)]
+    unknown = sorted(set(map(str, spec)) - set(valid))
+    if unknown:
+        hint = (
+            f" (YAML needs a space after each colon: {key}={{name: value}}, or {key}.name=value)"
+            if any(":" in k for k in unknown)
+            else ""
+        )
+        raise ConfigError(
+            f"unknown {key} option(s) {', '.join(unknown)}; valid: {', '.join(valid)}{hint}"
+        )
+    return cls(**dict(spec))
+
+
 def method_config(method_cls: type, overrides: Mapping[str, Any] | None = None) -> Any:
     """Build ``method_cls.Config`` with ``overrides`` (nested configs take nested
     mappings, e.g. ``{"distill": {"lr": 0.01}}``); an unknown key at any level

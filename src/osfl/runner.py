@@ -67,9 +67,13 @@ def record_key(record: Mapping[str, Any]) -> tuple[str, str, int]:
 
 
 def _stored_config(out: Path) -> str:
-    """The resolved config a run directory holds (its header comment dropped)."""
-    text = (out / "config.yaml").read_text()
-    return "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    """The resolved config a run directory holds, read through today's schema:
+    keys added to osfl since the run started take their defaults, so that an
+    upgrade between the stop and the resume does not refuse an equal config."""
+    try:
+        return to_yaml(load_config(out / "config.yaml", []))
+    except ConfigError as e:
+        raise ConfigError(f"--resume {out}: its config.yaml does not load ({e})") from e
 
 
 def _finished(out: Path) -> list[dict[str, Any]]:

@@ -48,6 +48,7 @@ def create_model(
     *,
     num_classes: int | None = None,
     pretrained: str | os.PathLike[str] | None = None,
+    pretrained_head: str = "auto",
     **kwargs: Any,
 ) -> nn.Module:
     """Build a registered model.
@@ -59,8 +60,13 @@ def create_model(
     ``hf-hub:owner/name`` id (the only case that downloads), loaded with
     :func:`osfl.models.weights.load_pretrained` (layout detected from the keys,
     position embeddings resampled to ``img_size``, head dropped when the class
-    count differs); see docs/models.md.
+    count differs); see docs/models.md. ``pretrained_head``: ``auto`` loads
+    the checkpoint's head when its class count matches, ``fresh`` never does
+    (the run's classes are not the checkpoint's upstream ones; the assembly
+    layer sets it for an ``osfl pretrain`` encoder).
     """
+    if pretrained_head not in ("auto", "fresh"):
+        raise ConfigError(f"pretrained_head must be 'auto' or 'fresh', got {pretrained_head!r}")
     fn = MODELS.get(name)
     if num_classes is not None:
         kwargs["num_classes"] = check_positive("num_classes", num_classes)
@@ -73,5 +79,5 @@ def create_model(
     if pretrained is not None:
         from osfl.models.weights import load_pretrained
 
-        load_pretrained(model, pretrained)
+        load_pretrained(model, pretrained, fresh_head=pretrained_head == "fresh")
     return model

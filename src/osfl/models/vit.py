@@ -255,7 +255,9 @@ class VisionTransformer(ImageClassifier):
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
         self.pos_embed = nn.Parameter(torch.zeros(1, self.patch_embed.num_patches + 1, embed_dim))
         self.pos_drop = nn.Dropout(pos_drop_rate)
-        dpr = torch.linspace(0, drop_path_rate, depth, device="cpu").tolist()  # stochastic depth decay rule
+        dpr = torch.linspace(
+            0, drop_path_rate, depth, device="cpu"
+        ).tolist()  # stochastic depth decay rule
         block_kw = dict(
             num_heads=num_heads,
             mlp_ratio=mlp_ratio,

@@ -225,8 +225,11 @@ def _fit(
     sd: dict[str, torch.Tensor],
     drop_head: bool,
     renamed: Mapping[str, str] | None = None,
+    fresh_head: bool = False,
 ) -> tuple[dict[str, torch.Tensor], list[str], list[str]]:
     """Make ``sd``'s shapes match ``model``; returns (fitted, dropped, notes).
+    ``fresh_head``: never load the checkpoint's classifier (it scores its
+    upstream classes, not the model's, even when the counts agree).
     ``renamed`` (this project's name -> the checkpoint's) makes errors name the
     key as it appears in the file."""
     renamed = renamed or {}
@@ -256,6 +259,9 @@ def _fit(
             notes.append("dist_token: DeiT distillation token dropped")
             continue
         want = target.get(k)
+        if fresh_head and head is not None and k.startswith(head) and want is not None:
+            dropped.append(k)
+            continue
         if want is None or want.shape == v.shape:
             out[k] = v
             continue
@@ -292,7 +298,8 @@ def _fit(
         )
     head_dropped = [k for k in dropped if head is not None and k.startswith(head)]
     if head_dropped:
-        notes.append(f"head dropped (class count differs): {', '.join(head_dropped)}")
+        why = "a fresh head for the model's classes" if fresh_head else "class count differs"
+        notes.append(f"head dropped ({why}): {', '.join(head_dropped)}")
     return out, dropped, notes
 
 
@@ -303,6 +310,7 @@ def load_pretrained(
     strict: bool = False,
     num_classes_mismatch: str = "drop_head",
     layout: str | None = None,
+    fresh_head: bool = False,
 ) -> LoadReport:
     """Load a checkpoint into ``model`` (in place) and report what happened.
 
@@ -315,6 +323,9 @@ def load_pretrained(
     ``num_batches_tracked`` counters are not counted as missing);
     ``num_classes_mismatch="error"`` refuses a head of another class count. A
     checkpoint sharing no key with the model is refused either way.
+    ``fresh_head=True`` never loads the checkpoint's classifier: the model
+    keeps its freshly initialised head (a downstream task whose classes are
+    not the checkpoint's upstream ones, even when their counts agree).
     """
     if num_classes_mismatch not in HEAD_POLICIES:
         raise ConfigError(
@@ -326,7 +337,9 @@ def load_pretrained(
     fmt = LAYOUTS.get(layout) if layout is not None else detect_layout(raw)
     converted = fmt.to_osfl(raw)
     sd = converted.state_dict
-    fitted, dropped, notes = _fit(model, sd, num_classes_mismatch == "drop_head", converted.renamed)
+    fitted, dropped, notes = _fit(
+        model, sd, num_classes_mismatch == "drop_head", converted.renamed, fresh_head
+    )
     dropped = [*converted.dropped, *dropped]
     target = model.state_dict()
     missing = tuple(

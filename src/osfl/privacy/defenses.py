@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from osfl.config import options_config
 from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext, RunContext
 from osfl.fl.method import Method, MethodWrapper
@@ -192,19 +193,7 @@ def defense_config(spec: Mapping[str, Any] | DefenseConfig | None) -> DefenseCon
         return spec
     if not spec:
         return None
-    valid = [f.name for f in dataclasses.fields(DefenseConfig)]
-    unknown = sorted(set(spec) - set(valid))
-    if unknown:
-        hint = (
-            " (YAML needs a space after each colon: defense={sigma: 0.05}, or defense.sigma=0.05)"
-            if any(":" in str(k) for k in unknown)
-            else ""
-        )
-        raise ConfigError(
-            f"unknown defense option(s) {', '.join(map(str, unknown))}; valid: "
-            f"{', '.join(valid)}{hint}"
-        )
-    return DefenseConfig(**dict(spec))
+    return options_config(DefenseConfig, spec, "defense")
 
 
 def apply_defense(method: Method, spec: Mapping[str, Any] | DefenseConfig | None) -> Method:

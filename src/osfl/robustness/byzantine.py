@@ -25,7 +25,6 @@ hyper-parameters do not change; the run's record says who was poisoned.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +32,7 @@ from typing import Any
 
 import torch
 
+from osfl.config import options_config
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext
@@ -184,16 +184,10 @@ def byzantine_config(spec: Mapping[str, Any] | ByzantineConfig | None) -> Byzant
         return spec
     if not spec:
         return None
-    valid = [f.name for f in dataclasses.fields(ByzantineConfig)]
-    unknown = sorted(set(spec) - set(valid))
-    if unknown:
-        raise ConfigError(
-            f"unknown byzantine option(s) {', '.join(unknown)}; valid: {', '.join(valid)}"
-        )
     opts = dict(spec)
     if "clients" in opts:
         opts["clients"] = [int(c) for c in opts["clients"]]
-    return ByzantineConfig(**opts)
+    return options_config(ByzantineConfig, opts, "byzantine")
 
 
 def apply_byzantine(method: Method, spec: Mapping[str, Any] | ByzantineConfig | None) -> Method:
