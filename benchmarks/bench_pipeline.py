@@ -5,7 +5,7 @@ torchvision-style input pipeline, without torchvision).
 
 Augmentation in both: pad-4 random crop, horizontal flip, colour jitter
 (0.4, 0.4, 0.4, 0.1; random op order per sample), normalise. Same images (a
-CIFAR-10 subset from ../shared/data/cifar10 via the image-folder loader when
+CIFAR-10 subset from data/cifar10 via the image-folder loader when
 present, else scikit-learn digits at 32 px), same batch size, same machine.
 
     python benchmarks/bench_pipeline.py [--per-class 500] [--batch-size 256] [--epochs 2] [--threads 1]

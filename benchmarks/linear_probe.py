@@ -13,7 +13,7 @@ task's classes is refused, not scored.
 
     python benchmarks/linear_probe.py pretrained/cifar5_sup.safetensors \\
         pretrained/cifar5_dino.safetensors --random-seeds 0,1,2 \\
-        --task imagefolder:/work/shared/data/cifar10 --classes 5,6,7,8,9 \\
+        --task imagefolder:data/cifar10 --classes 5,6,7,8,9 \\
         --train-per-class 1000 --test-per-class 200 --json runs/linear_probe.json
 """
 
@@ -60,7 +60,7 @@ def random_encoder(card: dict[str, Any], seed: int) -> torch.nn.Module:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("encoders", nargs="+", help="weights files written by osfl pretrain")
-    ap.add_argument("--task", default="imagefolder:/work/shared/data/cifar10")
+    ap.add_argument("--task", default="imagefolder:data/cifar10")
     ap.add_argument("--classes", default="5,6,7,8,9", help="task classes (index or name)")
     ap.add_argument("--image-size", type=int, default=None)
     ap.add_argument("--channels", type=int, default=None)

@@ -10,7 +10,7 @@ its early stopping on a validation split is not implemented: a fixed step
 budget is used instead).
 
 The public data is the ``public`` option (an osfl data spec, e.g.
-``imagefolder:../shared/data/cifar10``; ``public_split`` picks its train or
+``imagefolder:data/cifar10``; ``public_split`` picks its train or
 test split, ``public_max_per_class`` subsamples it); it must be disjoint from
 the clients' data — that is the user's responsibility (the paper uses
 CIFAR-100 or STL-10 for CIFAR-10 clients). Public images get the run's
