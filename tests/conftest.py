@@ -5,6 +5,52 @@ second thread mostly spin-waits against other work, and a fixed thread count
 keeps float summation order, hence results, identical from run to run.
 """
 
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
 import torch
 
+from osfl.assembly import SeedContext, build_federation, build_run, load_splits
+from osfl.config import load_config
+from osfl.data.imageset import DataSplits
+
 torch.set_num_threads(1)
+
+TINY = [
+    "data.image_size=8",
+    "data.max_per_class=20",
+    "model.kwargs={width: 8}",
+    "train.epochs=2",
+    "train.batch_size=16",
+    "progress=false",
+    "partition.alpha=1.0",
+    "partition.min_partition_size=5",
+    "threads_per_client=1",  # tiny models: one thread is fastest, and it is robust to load
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_data() -> tuple[Any, DataSplits]:
+    cfg = load_config(None, [*TINY, "cache_dir=null"])
+    return cfg, load_splits(cfg)
+
+
+@pytest.fixture
+def make_ctx(tiny_data, tmp_path):
+    """``make_ctx(num_clients)``: a SeedContext with a fresh client cache."""
+    cfg, splits = tiny_data
+
+    def make(num_clients: int = 3) -> SeedContext:
+        c = dataclasses.replace(
+            cfg,
+            partition=dataclasses.replace(cfg.partition, num_clients=num_clients),
+            cache_dir=str(tmp_path / "cache"),
+        )
+        fed = build_federation(c, splits.train, 0)
+        return SeedContext(splits, fed, build_run(c, splits, fed, 0))
+
+    return make
+

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
@@ -10,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from osfl.assembly import SeedContext, build_federation, build_run, load_splits
+from conftest import TINY
+from osfl.assembly import SeedContext
 from osfl.config import load_config
-from osfl.data.imageset import DataSplits
 from osfl.errors import ConfigError, UploadError
 from osfl.experiment import run_experiment
 from osfl.fl.method import METHODS, PerClientPredictor
@@ -22,41 +21,6 @@ from osfl.methods import default_methods
 from osfl.methods.clients import average_states, sample_counts
 from osfl.methods.ensemble import EnsembleConfig, EnsemblePredictor
 from osfl.methods.fedavg import FedAvg, FedAvgConfig, FedProx, FedProxConfig
-
-TINY = [
-    "data.image_size=8",
-    "data.max_per_class=20",
-    "model.kwargs={width: 8}",
-    "train.epochs=2",
-    "train.batch_size=16",
-    "progress=false",
-    "partition.alpha=1.0",
-    "partition.min_partition_size=5",
-    "threads_per_client=1",  # tiny models: one thread is fastest, and it is robust to load
-]
-
-
-@pytest.fixture(scope="module")
-def tiny_data() -> tuple[Any, DataSplits]:
-    cfg = load_config(None, [*TINY, "cache_dir=null"])
-    return cfg, load_splits(cfg)
-
-
-@pytest.fixture
-def make_ctx(tiny_data, tmp_path):
-    """``make_ctx(num_clients)``: a SeedContext with a fresh client cache."""
-    cfg, splits = tiny_data
-
-    def make(num_clients: int = 3) -> SeedContext:
-        c = dataclasses.replace(
-            cfg,
-            partition=dataclasses.replace(cfg.partition, num_clients=num_clients),
-            cache_dir=str(tmp_path / "cache"),
-        )
-        fed = build_federation(c, splits.train, 0)
-        return SeedContext(splits, fed, build_run(c, splits, fed, 0))
-
-    return make
 
 
 def simulate(method_cls: type, config: Any, ctx: SeedContext, **kw: Any) -> Any:
@@ -255,6 +219,8 @@ def test_eval_local_and_per_round_curves(tmp_path):
             "method.fedavg={rounds: 3}",
             "eval_local=true",
             "eval_every=1",
+            "target_accuracy=0.05",  # reached at once: tiny digits beat 5 % after a round
+            "link_mbps=8",  # 1 MB/s: bytes / 1e6 seconds of transfer
             f"cache_dir={tmp_path / 'cache'}",
         ],
     )
@@ -266,3 +232,13 @@ def test_eval_local_and_per_round_curves(tmp_path):
     assert [p["round"] for p in fedavg["curve"]] == [0, 1, 2]
     assert fedavg["curve"][-1]["accuracy"] == fedavg["global_test_accuracy"]
     assert fedavg["time_s"]["eval"] > 0
+    # cumulative costs per evaluated round: every round sends the same model both ways
+    sent = [p["bytes"] for p in fedavg["curve"]]
+    assert sent == [(r + 1) * (fedavg["bytes_up"] + fedavg["bytes_down"]) // 3 for r in range(3)]
+    seconds = [p["seconds"] for p in fedavg["curve"]]
+    assert seconds == sorted(seconds) and seconds[0] > 0
+    conv = fedavg["convergence"]
+    assert conv["rounds_to_target"] == 1 and conv["link_mbps"] == 8
+    last = fedavg["curve"][-1]
+    assert conv["total_time_s"] == pytest.approx(last["seconds"] + last["bytes"] / 1e6, abs=1e-3)
+    assert "convergence" not in local  # one round: no curve to speak of

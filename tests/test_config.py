@@ -94,6 +94,8 @@ def test_unknown_key_in_yaml_names_the_file(tmp_path):
         ("parallel_clients=0", "parallel_clients"),
         ("threads_per_client=0", "threads_per_client"),
         ("eval_every=-1", "eval_every"),
+        ("target_accuracy=60", "target_accuracy is a fraction"),
+        ("link_mbps=0", "link_mbps"),
         ("train.lr", "key=value"),
     ],
 )

@@ -171,10 +171,12 @@ def test_lenet_img_size() -> None:
     m28 = create_model("lenet5", img_size=28, in_chans=1).eval()
     assert m28.features.fc1.in_features == 16 * 4 * 4
     assert m28(torch.rand(2, 1, 28, 28)).shape == (2, 10)
-    with pytest.raises(ConfigError, match="img_size >= 12"):
-        create_model("lenet5", img_size=8)
-    with pytest.raises(ConfigError, match="at least 12 px"):
-        create_model("lenet5")(torch.rand(1, 3, 8, 8))
+    with pytest.raises(ConfigError, match="img_size >= 16"):
+        create_model("lenet5", img_size=12)  # the second 5x5 conv would see a 4x4 map
+    with pytest.raises(ConfigError, match="at least 16 px"):
+        create_model("lenet5")(torch.rand(1, 3, 12, 12))
+    m16 = create_model("lenet5", img_size=16).eval()
+    assert m16.features.fc1.in_features == 16 and m16(torch.rand(2, 3, 16, 16)).shape == (2, 10)
 
 
 @pytest.mark.parametrize("name", ["resnet18", "resnet50", "vgg16_bn", "lenet5", "cnn_small"])

@@ -109,6 +109,14 @@ def test_counts_epochs_and_samples() -> None:
     assert stats.seconds >= 0
 
 
+def test_amp_changes_nothing_on_cpu() -> None:
+    """``train.amp`` autocasts on CUDA only: on CPU both settings train bit for bit alike."""
+    with_amp, _ = run(TrainConfig(epochs=2, batch_size=8, amp=True))
+    without, _ = run(TrainConfig(epochs=2, batch_size=8, amp=False))
+    for k, v in with_amp.state_dict().items():
+        assert v.dtype == without.state_dict()[k].dtype and torch.equal(v, without.state_dict()[k])
+
+
 def test_steps_override_epochs() -> None:
     _, stats = run(TrainConfig(epochs=5, steps=7, batch_size=8))
     assert stats.steps == 7

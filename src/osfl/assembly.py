@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from osfl.config import ExperimentConfig, method_config
+from osfl.convergence import convergence
 from osfl.data.federation import Federation
 from osfl.data.imageset import DataSplits, ImageSet
 from osfl.errors import ConfigError
@@ -36,7 +38,10 @@ from osfl.registry import Registry
 #: runtime name -> ``factory(cfg) -> Runtime`` (``runtime:`` in a config).
 RUNTIMES: Registry[Callable[[ExperimentConfig], Runtime]] = Registry("runtime")
 RUNTIMES.add(
-    "simulation", lambda cfg: SimulationRuntime(cfg.parallel_clients, cfg.threads_per_client)
+    "simulation",
+    lambda cfg: SimulationRuntime(
+        cfg.parallel_clients, cfg.threads_per_client, batch_clients=cfg.batch_clients
+    ),
 )
 RUNTIMES.add(
     "flower", lambda cfg: FlowerLoopbackRuntime(cfg.parallel_clients, cfg.threads_per_client)
@@ -53,12 +58,51 @@ def _flower_engine(cfg: ExperimentConfig) -> Runtime:
     return FlowerEngineRuntime(job_from_spec, JobSpec(experiment=to_yaml(cfg)))
 
 
+#: The runtimes that pin ``threads_per_client`` torch threads for their clients
+#: (Flower's engine gives each Ray actor its CPUs; a deployment's SuperNodes set
+#: OMP_NUM_THREADS themselves).
+THREADED_RUNTIMES = ("simulation", "flower")
+
+
+def resolve_threads(cfg: ExperimentConfig, run: RunContext | None) -> ExperimentConfig:
+    """``cfg`` with ``threads_per_client: auto`` replaced by the count it means
+    for ``run``'s model, input shape, batch size and device on this machine
+    (:func:`osfl.fl.runtime.threads.choose_threads`: measured once, then read
+    from ``<cache_dir>/threads.json``); ``None`` (not pinned) where no run
+    context is at hand or the runtime does not pin threads. An explicit count,
+    or null, is returned as is."""
+    if cfg.threads_per_client != "auto":
+        return cfg
+    if run is None or cfg.runtime not in THREADED_RUNTIMES:
+        return dataclasses.replace(cfg, threads_per_client=None)
+    from osfl.fl.runtime.threads import choose_threads
+
+    spec = run.model
+    kwargs = {k: v for k, v in spec.kwargs.items() if k != "pretrained"}  # weights: no speed
+    choice = choose_threads(
+        lambda: ModelSpec(spec.name, kwargs).build(run.num_classes),
+        run.image_shape,
+        run.train.batch_size,
+        parallel_clients=cfg.parallel_clients,
+        cache_dir=cfg.cache_dir,
+        device=run.device,
+        model_key=json.dumps(
+            {"name": spec.name, "kwargs": kwargs, "classes": run.num_classes},
+            sort_keys=True,
+            default=str,
+        ),
+    )
+    return dataclasses.replace(cfg, threads_per_client=choice.threads)
+
+
 def build_runtime(cfg: ExperimentConfig) -> Runtime:
     if cfg.secagg.enabled and cfg.runtime != "flower":
         raise ConfigError(
             "secagg.enabled needs runtime=flower (SecAgg+ runs over a Flower Grid: the "
             f"loopback one, or a deployment's), got runtime={cfg.runtime!r}"
         )
+    if cfg.threads_per_client == "auto":  # resolve_threads(cfg, run) first
+        cfg = resolve_threads(cfg, None)
     return RUNTIMES.get(cfg.runtime)(cfg)
 
 
@@ -404,6 +448,8 @@ def run_record(
     record: dict[str, Any] = {
         **context,
         "runtime": cfg.runtime,
+        # torch threads each client trained with ("auto" resolved; null: not pinned)
+        "threads_per_client": cfg.threads_per_client,
         "method_config": dataclasses.asdict(job.method.config),
         "rounds": len(result.rounds),
         **m,
@@ -417,12 +463,13 @@ def run_record(
             "misses": cache_counts[1] if cache_counts else None,
         },
         "refused": [list(x) for x in result.refused],
-        "curve": [
-            {"round": r.round, "accuracy": r.metrics["global_test_accuracy"]}
-            for r in result.rounds
-            if "global_test_accuracy" in r.metrics
-        ],
+        "curve": accuracy_curve(result),
     }
+    reached = convergence(
+        record["curve"], target_accuracy=cfg.target_accuracy, link_mbps=cfg.link_mbps
+    )
+    if reached is not None:
+        record["convergence"] = reached
     weights = pretrained_weights(cfg, None)
     if weights is not None:
         card = weights.get("card") or {}
@@ -437,6 +484,25 @@ def run_record(
     if extras:
         record["server"] = extras
     return record
+
+
+def accuracy_curve(result: RunResult) -> list[dict[str, Any]]:
+    """Each evaluated round's accuracy with the bytes (up + down) and compute
+    seconds (client + server) spent up to the end of that round."""
+    curve, sent, seconds = [], 0, 0.0
+    for r in result.rounds:
+        sent += r.bytes_up + r.bytes_down
+        seconds += r.time_client_s + r.time_server_s
+        if "global_test_accuracy" in r.metrics:
+            curve.append(
+                {
+                    "round": r.round,
+                    "accuracy": r.metrics["global_test_accuracy"],
+                    "bytes": sent,
+                    "seconds": round(seconds, 4),
+                }
+            )
+    return curve
 
 
 # --------------------------------------------------------------------------- Flower

@@ -127,9 +127,16 @@ class ExperimentConfig:
     device: str = "auto"
     runtime: str = "simulation"
     parallel_clients: int = 1
-    # torch threads per client (null: all of them when sequential, an equal share
-    # when parallel); results depend on it in the last bits, not on parallel_clients
-    threads_per_client: int | None = None
+    # simulation: train one-shot clients of one architecture as one batched step
+    # (osfl.fl.batched_training; same result up to float tolerance). Off by default:
+    # on CPU it measured 0.4-1.25x (BENCHMARKS.md "Batched clients").
+    batch_clients: bool = False
+    # torch threads per client: an int >= 1; "auto": 1 or the client's share of the
+    # CPUs, whichever trained faster in a short measurement (osfl.fl.runtime.threads,
+    # cached under cache_dir); null: all of them when sequential, an equal share when
+    # parallel. Results depend on it in the last bits, not on parallel_clients.
+    # (Any: OmegaConf 2.3 takes no int | str union; checked in __post_init__.)
+    threads_per_client: Any = "auto"
     out_dir: str | None = None
     cache_dir: str | None = ".osfl_cache"
     audit: list[Any] = field(default_factory=list)
@@ -147,6 +154,11 @@ class ExperimentConfig:
     secagg: SecAggPlusConfig = field(default_factory=SecAggPlusConfig)
     eval_local: bool = False
     eval_every: int = 0
+    # Cost to an accuracy (osfl.convergence; needs eval_every > 0): the first round
+    # reaching target_accuracy (a fraction, null: none), and compute time plus the
+    # bytes over one link of link_mbps megabit/s.
+    target_accuracy: float | None = None
+    link_mbps: float = 500.0
     # Save the server state every N rounds under <run dir>/checkpoints/ (0 = never).
     checkpoint_every: int = 0
     scale: str = "cpu"
@@ -157,9 +169,10 @@ class ExperimentConfig:
             raise ConfigError("seeds must list at least one seed, e.g. seeds=[0]")
         if self.parallel_clients < 1:
             raise ConfigError(f"parallel_clients must be >= 1, got {self.parallel_clients}")
-        if self.threads_per_client is not None and self.threads_per_client < 1:
+        t = self.threads_per_client
+        if not (t is None or t == "auto" or (type(t) is int and t >= 1)):
             raise ConfigError(
-                f"threads_per_client must be >= 1 (or null), got {self.threads_per_client}"
+                f"threads_per_client must be an integer >= 1, auto or null, got {t!r}"
             )
         if self.partition.num_clients < 1:
             raise ConfigError(
@@ -169,6 +182,12 @@ class ExperimentConfig:
             raise ConfigError(
                 f"checkpoint_every must be >= 0 (0 = never), got {self.checkpoint_every}"
             )
+        if self.target_accuracy is not None and not 0 < self.target_accuracy <= 1:
+            raise ConfigError(
+                f"target_accuracy is a fraction in (0, 1] (e.g. 0.6), got {self.target_accuracy}"
+            )
+        if not self.link_mbps > 0:
+            raise ConfigError(f"link_mbps must be > 0 (megabit/s), got {self.link_mbps}")
         if self.eval_every < 0:
             raise ConfigError(
                 f"eval_every must be >= 0 (0 = only at the end), got {self.eval_every}"

@@ -237,32 +237,95 @@ def summary_markdown(rows: Sequence[Row], *, title: str, notes: Sequence[str] = 
     return "\n".join(lines)
 
 
+def _by_method(records: Sequence[Mapping[str, Any]], key: str) -> dict[tuple[str, str], list]:
+    """Records holding ``key`` (``curve`` with 2+ points, ``convergence``), grouped by
+    (grid point, method) in first-seen order."""
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for r in records:
+        value = r.get(key)
+        if value and (key != "curve" or len(value) > 1):
+            groups.setdefault((str(r.get("point", "")), str(r["method"])), []).append(r)
+    return groups
+
+
+def convergence_markdown(records: Sequence[Mapping[str, Any]]) -> str:
+    """The cost-to-accuracy table (:mod:`osfl.convergence`) of the records that
+    have one, mean over seeds; empty when none has."""
+    groups = _by_method(records, "convergence")
+    if not groups:
+        return ""
+    first = next(iter(groups.values()))[0]["convergence"]
+    target, link = first["target_accuracy"], first["link_mbps"]
+    goal = f"{100 * target:.1f} %" if target is not None else "a target (set target_accuracy)"
+    lines = [
+        f"## Cost to accuracy (link {link:g} Mbit/s)",
+        "",
+        f"| setting | method | best acc. (%) | best round | rounds to {goal} "
+        "| time to target (s) | total time (s) |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for (point, method), recs in groups.items():
+        conv = [r["convergence"] for r in recs]
+        reached = [c for c in conv if c["rounds_to_target"] is not None]
+        rounds = Stat.of([c["rounds_to_target"] for c in reached])
+        if target is None:
+            to_target = when = "—"
+        elif not reached:
+            to_target, when = "not reached", "—"
+        else:
+            to_target = f"{rounds.mean:.1f}" if rounds else "—"
+            to_target += f" ({len(reached)}/{len(conv)} seeds)" if len(conv) > 1 else ""
+            when = _secs(Stat.of([c["time_to_target_s"] for c in reached]))
+        best = Stat.of([c["best_accuracy"] for c in conv])
+        best_round = Stat.of([c["best_round"] for c in conv])
+        total = Stat.of([c["total_time_s"] for c in conv])
+        cells = [point or "—", method, _pct(best), f"{best_round.mean:.0f}" if best_round else "—"]
+        lines.append("| " + " | ".join([*cells, to_target, when, _secs(total)]) + " |")
+    lines += [
+        "",
+        "Time: this machine's compute seconds (clients one after another) plus every byte "
+        "up and down over one shared link.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
 # --------------------------------------------------------------------------- plots
-def plot_curves(records: Sequence[Mapping[str, Any]], path: str | Path) -> Path | None:
+def plot_curves(
+    records: Sequence[Mapping[str, Any]], path: str | Path, *, link_mbps: float | None = None
+) -> Path | None:
     """Test accuracy per round for multi-round records that carry a ``curve``:
     one line per (grid point, method), the mean over seeds with a band of ±
     one sample std where there are several; ``None`` (no file) when no record
-    has a curve."""
-    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for r in records:
-        if len(r.get("curve") or []) > 1:
-            groups.setdefault((str(r.get("point", "")), str(r["method"])), []).append(r)
+    has a curve. With ``link_mbps``, a second panel puts the same accuracies
+    against the total time under that link (:func:`osfl.convergence.link_seconds`,
+    mean over seeds)."""
+    from osfl.convergence import link_seconds
+
+    groups = _by_method(records, "curve")
     if not groups:
         return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    fig = Figure(figsize=(7, 4.2), dpi=110, layout="constrained")
+    timed = link_mbps is not None and all(
+        "seconds" in p and "bytes" in p for recs in groups.values() for r in recs for p in r["curve"]
+    )
+    fig = Figure(figsize=(11 if timed else 7, 4.2), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
-    ax = fig.add_subplot()
+    ax = fig.add_subplot(1, 2 if timed else 1, 1)
+    ax_time = fig.add_subplot(1, 2, 2, sharey=ax) if timed else None
     colours = _colours(len(groups))
     for (point, method), recs in groups.items():
         rounds = sorted({p["round"] for r in recs for p in r["curve"]})
         table = np.full((len(recs), len(rounds)), np.nan)
+        times = np.full((len(recs), len(rounds)), np.nan)
         for i, r in enumerate(recs):
             for p in r["curve"]:
                 table[i, rounds.index(p["round"])] = 100 * p["accuracy"]
+                if timed:
+                    times[i, rounds.index(p["round"])] = link_seconds(p, link_mbps)
         mean = np.nanmean(table, axis=0)
         xs = [x + 1 for x in rounds]
         label = f"{method} ({point})" if point else method
@@ -272,12 +335,21 @@ def plot_curves(records: Sequence[Mapping[str, Any]], path: str | Path) -> Path 
         if len(recs) > 1:
             std = np.nanstd(table, axis=0, ddof=1)
             ax.fill_between(xs, mean - std, mean + std, color=colour, alpha=0.18, linewidth=0)
+        if ax_time is not None:
+            ax_time.plot(np.nanmean(times, axis=0), mean, marker="o", markersize=3, color=colour)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("Test accuracy per round (mean ± std over seeds)", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    if ax_time is not None:
+        ax_time.set_xlabel(f"compute + transfer time at {link_mbps:g} Mbit/s (s)")
+        ax_time.set_title("Accuracy against total time", fontsize=10)
+        ax_time.grid(alpha=0.3)
+    handles, labels = ax.get_legend_handles_labels()  # the lines are labelled once, per round
+    (ax_time or ax).legend(
+        handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0
+    )
     out = Path(path)
     fig.savefig(out)
     return out

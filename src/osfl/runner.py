@@ -171,5 +171,8 @@ def write_summary(rd: RunDir, outcome: RunOutcome) -> None:
         from osfl.privacy.audit import audit_markdown
 
         summary = summary.rstrip() + "\n\n" + audit_markdown(records)
+    costs = report.convergence_markdown(records)
+    if costs:
+        summary = summary.rstrip() + "\n\n" + costs
     rd.write_text("summary.md", summary)
-    report.plot_curves(records, rd.path / "curves.png")
+    report.plot_curves(records, rd.path / "curves.png", link_mbps=base.link_mbps)

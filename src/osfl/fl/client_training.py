@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
+from osfl.fl.batched_training import batchable, train_batched
 from osfl.fl.cache import state_hash, transform_key
 from osfl.fl.objectives import ObjectiveTerm
 from osfl.fl.train_config import TrainConfig
@@ -35,9 +36,21 @@ if TYPE_CHECKING:
     from osfl.data.transforms import Transform
     from osfl.fl.context import ClientContext
 
-__all__ = ["train_client"]
+__all__ = ["SharedTraining", "train_client", "train_clients_together"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SharedTraining:
+    """What every client of a round trains when it is the plain shared step of
+    :func:`train_client`: ``model`` (holding the common initial weights) with
+    ``cfg``, the run's augmentation, cross-entropy, no objective terms. A method
+    that declares it (:meth:`osfl.fl.method.Method.shared_training`) lets the
+    simulation train the round's clients together (:func:`train_clients_together`)."""
+
+    model: nn.Module
+    cfg: TrainConfig
 
 
 def train_client(
@@ -107,7 +120,41 @@ def train_client(
         fit()
         return model.eval()
 
-    parts = {
+    parts = cache_parts(
+        ctx, data, model, cfg, transform, given=given, terms=terms, objective=objective,
+        extra_key=extra_key,
+    )  # fmt: skip
+    cache = run.cache
+    key = cache.key(**parts)
+    state = cache.get(key, like=model.state_dict())
+    if state is not None:
+        model.load_state_dict(state)
+        log.info("client %d: trained weights from the cache (%s)", ctx.client_id, key[:12])
+        _replay_step_labels(cache.aux(key))
+        stats = (cache.meta(key) or {}).get("stats") or {}
+        report_training_warnings([str(w) for w in stats.get("warnings") or ()])
+        return model.eval()
+    stats = fit(lambda step, x, y: step_labels.append(y.detach()))
+    aux = _step_label_aux(step_labels)
+    cache.put(key, model.state_dict(), {"parts": parts, "stats": stats.as_dict()}, aux)
+    return model.eval()
+
+
+def cache_parts(
+    ctx: ClientContext,
+    data: ImageSet,
+    model: nn.Module,
+    cfg: TrainConfig,
+    transform: Transform | None,
+    *,
+    given: bool = True,
+    terms: Sequence[ObjectiveTerm] = (),
+    objective: str = "ce",
+    extra_key: Any = None,
+) -> dict[str, Any]:
+    """What a client-training cache entry is keyed on (see :func:`train_client`)."""
+    run = ctx.run
+    return {
         "kind": "client-train",
         "data": data.fingerprint(),
         "model": run.model.key(),
@@ -121,25 +168,16 @@ def train_client(
         "terms": [t.key() for t in terms],
         "extra": extra_key,
     }
-    cache = run.cache
-    key = cache.key(**parts)
-    state = cache.get(key, like=model.state_dict())
-    if state is not None:
-        model.load_state_dict(state)
-        log.info("client %d: trained weights from the cache (%s)", ctx.client_id, key[:12])
-        _replay_step_labels(cache.aux(key))
-        stats = (cache.meta(key) or {}).get("stats") or {}
-        report_training_warnings([str(w) for w in stats.get("warnings") or ()])
-        return model.eval()
-    stats = fit(lambda step, x, y: step_labels.append(y.detach()))
-    aux = None
-    if step_labels:  # so that a later hit can still report what each local step used
-        aux = {
-            "step_labels": torch.cat(step_labels).to("cpu", torch.int64),
-            "step_sizes": torch.tensor([len(y) for y in step_labels], dtype=torch.int64),
-        }
-    cache.put(key, model.state_dict(), {"parts": parts, "stats": stats.as_dict()}, aux)
-    return model.eval()
+
+
+def _step_label_aux(step_labels: Sequence[torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """The cache's record of what each local step used, so that a later hit can replay it."""
+    if not step_labels:
+        return None
+    return {
+        "step_labels": torch.cat(list(step_labels)).to("cpu", torch.int64),
+        "step_sizes": torch.tensor([len(y) for y in step_labels], dtype=torch.int64),
+    }
 
 
 def _replay_step_labels(aux: Mapping[str, torch.Tensor] | None) -> None:
@@ -148,3 +186,55 @@ def _replay_step_labels(aux: Mapping[str, torch.Tensor] | None) -> None:
         return
     sizes = [int(n) for n in aux["step_sizes"]]
     replay_step_labels(list(torch.split(aux["step_labels"], sizes)))
+
+
+def train_clients_together(
+    plan: SharedTraining, clients: Mapping[int, tuple[ClientContext, ImageSet]]
+) -> list[int]:
+    """Train the clients the cache does not hold yet as one batched step
+    (:mod:`osfl.fl.batched_training`) and store each result under the key
+    :func:`train_client` will look up, so each client's own turn is a cache
+    hit (with its step labels and warnings). Returns the clients trained; none
+    when the run has no cache, fewer than two are missing, or
+    :func:`~osfl.fl.batched_training.batchable` says no (logged): they then
+    train one by one as usual."""
+    if not clients:
+        return []
+    run = next(iter(clients.values()))[0].run
+    if run.cache is None:
+        return []
+    cache, transform, cfg = run.cache, run.train_transform, plan.cfg
+    missing: dict[int, tuple[str, dict[str, Any]]] = {}
+    for c, (ctx, data) in clients.items():
+        parts = cache_parts(ctx, data, plan.model, cfg, transform)
+        key = cache.key(**parts)
+        if cache.meta(key) is None:
+            missing[c] = (key, parts)
+    why = batchable(plan.model, cfg, [len(clients[c][1]) for c in missing])
+    if why is not None:
+        if len(missing) > 1:
+            log.info("clients train one by one: %s", why)
+        return []
+    order = sorted(missing)
+    results = train_batched(
+        plan.model,
+        [clients[c][1] for c in order],
+        cfg,
+        [torch.Generator().manual_seed(clients[c][0].seed_for("local-train")) for c in order],
+        transform=transform,
+        device=clients[order[0]][0].device,
+    )
+    for c, result in zip(order, results, strict=True):
+        key, parts = missing[c]
+        log.info(
+            "client %d: %d steps, loss %.4f (batched with %d clients)",
+            c,
+            result.stats.steps,
+            result.stats.mean_loss,
+            len(order),
+        )
+        for w in result.stats.warnings:
+            log.warning("client %d: local training: %s", c, w)
+        meta = {"parts": parts, "stats": result.stats.as_dict()}
+        cache.put(key, result.state, meta, _step_label_aux(result.step_labels))
+    return order

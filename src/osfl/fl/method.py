@@ -22,7 +22,9 @@ Optional, declared hooks (no-ops here; no runtime looks for undeclared ones):
 :meth:`Method.audit_history` (scheme state the server knows of a client, for
 privacy audits), :meth:`Method.report` (JSON-able extras for the run's record,
 e.g. server phase times) and :meth:`Method.artifacts` (tensors worth keeping,
-e.g. a synthetic pool for figures). Cross-cutting concerns wrap a method
+e.g. a synthetic pool for figures) and :meth:`Method.shared_training` (the
+round's clients all run the plain cached training step, so the simulation may
+train them together). Cross-cutting concerns wrap a method
 (:class:`MethodWrapper`), as Flower's DP and SecAgg wrappers wrap a strategy.
 """
 
@@ -38,6 +40,7 @@ import torch
 from torch import nn
 
 from osfl.errors import ConfigError
+from osfl.fl.client_training import SharedTraining
 from osfl.fl.context import ClientContext, RunContext
 from osfl.fl.upload import Broadcast, Upload, UploadSpec
 from osfl.registry import Registry
@@ -173,6 +176,15 @@ class Method(ABC):
         per-client server state), so it refuses secure aggregation."""
         return None
 
+    def shared_training(self, broadcast: Broadcast, round: int) -> SharedTraining | None:
+        """What every client of ``round`` trains when ``client_update`` is the
+        plain :func:`~osfl.fl.client_training.train_client` step from
+        ``broadcast`` (same weights, the run's augmentation, cross-entropy, no
+        terms), so the simulation may train them as one batched step
+        (``batch_clients``) and hand each its result through the client cache.
+        ``None`` (here): clients train one by one."""
+        return None
+
     def release(self, state: Any) -> Any:
         """The part of the final ``state`` that ``predictor`` needs and that
         every site may see: what the server sends the sites to evaluate when
@@ -266,6 +278,9 @@ class MethodWrapper(Method):
     @property
     def secure_weighting(self) -> str | None:
         return self.inner.secure_weighting
+
+    def shared_training(self, broadcast: Broadcast, round: int) -> SharedTraining | None:
+        return self.inner.shared_training(broadcast, round)
 
     def release(self, state: Any) -> Any:
         return self.inner.release(state)

@@ -151,6 +151,7 @@ def _site_plan(cfg: Any, name: str, seed: int, spec: JobSpec, runtime: Any) -> P
     """The plan of a real-sites server: one job, no client data."""
     job = site_assembly.site_server_job(cfg, name, seed, spec.server_test)
     job.method.check()
+    cfg = assembly.resolve_threads(cfg, None)  # the sites pin their own threads
     return Plan(cfg, None, runtime, [(assembly.SeedContext(None, None, job.run), [job])])
 
 

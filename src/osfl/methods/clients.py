@@ -26,7 +26,7 @@ from torch import nn
 
 from osfl.data.imageset import ImageSet
 from osfl.fl.aggregators import aggregate_states, weighted_mean
-from osfl.fl.client_training import train_client
+from osfl.fl.client_training import SharedTraining, train_client
 from osfl.fl.context import ClientContext, RunContext
 from osfl.fl.method import Method, Predictor
 from osfl.fl.seeds import derive_seed
@@ -224,6 +224,9 @@ class ClientModelsMethod(Method):
 
     def client_update(self, ctx: ClientContext, broadcast: Broadcast, data: ImageSet) -> Upload:
         return model_upload(trained_client(ctx, data, broadcast.tensors), len(data))
+
+    def shared_training(self, broadcast: Broadcast, round: int) -> SharedTraining:
+        return SharedTraining(model_from_state(self.run, broadcast.tensors), self.run.train)
 
     def upload_spec(self, state: dict[str, Any], round: int, client: int) -> UploadSpec:
         return model_upload_spec(state["init"])

@@ -29,6 +29,7 @@ import numpy as np
 
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
+from osfl.fl.client_training import SharedTraining
 from osfl.fl.context import ClientContext
 from osfl.fl.method import Method, Predictor, register_method, sample_fraction
 from osfl.fl.objectives import ObjectiveTerm, ProximalTerm
@@ -129,6 +130,11 @@ class FedAvg(Method):
                 description=f"client {ctx.client_id}: local training",
             )
         return model_upload(model, len(data))
+
+    def shared_training(self, broadcast: Broadcast, round: int) -> SharedTraining | None:
+        if not self.one_shot_run:
+            return None
+        return SharedTraining(model_from_state(self.run, broadcast.tensors), self.local_config())
 
     def upload_spec(self, state: StateDict, round: int, client: int) -> UploadSpec:
         return model_upload_spec(state)

@@ -7,8 +7,9 @@ and the label-recovery literature): conv 5×5 -> 6, 2×2 max-pool, conv 5×5 ->
 the last linear layer (which ``get_classifier`` returns).
 
 The flatten size is computed from ``img_size`` (16·5·5 at the classic 32 px);
-an adaptive average pool to that grid makes other input sizes (≥ 12 px) work
-and is the identity at ``img_size``.
+an adaptive average pool to that grid makes other input sizes (≥ 16 px) work
+and is the identity at ``img_size``. The smallest input is 16 px (12 px would
+leave a 4×4 map for the second 5×5 conv).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from osfl.errors import ConfigError
 from osfl.models.layers import TrunkClassifier, check_positive, make_act
 from osfl.models.registry import register_model
 
-_MIN_SIZE = 12  # two 5×5 valid convs and two 2×2 pools leave 1×1 at 12 px
+_MIN_SIZE = 16  # two 5×5 valid convs and two 2×2 pools leave 1×1 at 16 px
 
 
 def _lenet_grid(img_size: int) -> int:

@@ -31,6 +31,21 @@ def client_generator(seed: int, client: int, round: int) -> torch.Generator:
     return torch.Generator().manual_seed(derive_seed(seed, "client", client, round))
 
 
+def client_context(
+    run: RunContext, *, client: int, round: int, seed: int, state: bytes | None = None
+) -> ClientContext:
+    """Client ``client``'s context in ``round``: its generator (a function of
+    the seed) and its own state from earlier rounds."""
+    own = ClientState.from_bytes(state, client=client) if state else ClientState()
+    return ClientContext(
+        run=run,
+        client_id=client,
+        round=round,
+        generator=client_generator(seed, client, round),
+        state=own,
+    )
+
+
 @dataclass
 class ClientTurn:
     """What a client produced: its upload bytes (``None`` when it sent nothing,
@@ -63,14 +78,7 @@ def run_client(
     (e.g. metadata that is not JSON) means the client sends nothing and keeps
     its old state; any other error is raised.
     """
-    own = ClientState.from_bytes(state, client=client) if state else ClientState()
-    ctx = ClientContext(
-        run=run,
-        client_id=client,
-        round=round,
-        generator=client_generator(seed, client, round),
-        state=own,
-    )
+    ctx = client_context(run, client=client, round=round, seed=seed, state=state)
     broadcast = Broadcast.from_bytes(payload, client=client)
     try:
         with record_step_labels() as steps, collect_training_warnings() as warnings:

@@ -21,13 +21,15 @@ from typing import TYPE_CHECKING
 import torch
 
 from osfl.errors import ConfigError
+from osfl.fl.client_training import train_clients_together
 from osfl.fl.context import ClientState
 from osfl.fl.observers import Observer
 from osfl.fl.progress import ProgressTask
 from osfl.fl.runtime.base import Evaluator, Job, PartitionedData, RunResult
-from osfl.fl.runtime.client import ClientTurn, run_client
+from osfl.fl.runtime.client import ClientTurn, client_context, run_client
 from osfl.fl.runtime.rounds import RoundLoop
 from osfl.fl.runtime.sites import SiteScore
+from osfl.fl.upload import Broadcast
 
 if TYPE_CHECKING:
     from osfl.data.federation import Federation
@@ -41,10 +43,31 @@ class InProcessClients:
     in a thread pool of ``parallel`` workers; each client's state is kept here
     between rounds."""
 
-    def __init__(self, job: Job, pool: ThreadPoolExecutor | None = None):
+    def __init__(
+        self, job: Job, pool: ThreadPoolExecutor | None = None, *, batch_clients: bool = False
+    ):
         self.job = job
         self.pool = pool
+        self.batch_clients = batch_clients
         self.states: dict[int, bytes | None] = {}
+
+    def train_together(self, round: int, clients: list[int], payload: bytes) -> None:
+        """With ``batch_clients``, train the round's clients as one batched step
+        when the method declares a shared step; each turn is then a cache hit."""
+        job = self.job
+        if not self.batch_clients or len(clients) < 2:
+            return
+        plan = job.method.shared_training(Broadcast.from_bytes(payload), round)
+        if plan is None:
+            return
+        contexts = {
+            c: (
+                client_context(job.run, client=c, round=round, seed=job.seed),
+                job.clients.data(c),
+            )
+            for c in clients
+        }
+        train_clients_together(plan, contexts)
 
     def turn(self, c: int, r: int, payload: bytes) -> ClientTurn:
         job = self.job
@@ -64,6 +87,7 @@ class InProcessClients:
     def exchange(
         self, round: int, clients: list[int], payload: bytes, task: ProgressTask
     ) -> dict[int, ClientTurn]:
+        self.train_together(round, clients, payload)
         futures = (
             {c: self.pool.submit(self.turn, c, round, payload) for c in clients}
             if self.pool
@@ -104,11 +128,20 @@ class SimulationRuntime:
 
     name = "simulation"
 
-    def __init__(self, parallel_clients: int = 1, threads_per_client: int | None = None):
+    def __init__(
+        self,
+        parallel_clients: int = 1,
+        threads_per_client: int | None = None,
+        *,
+        batch_clients: bool = False,
+    ):
+        self.batch_clients = batch_clients  # one batched step for a shared client step
         if parallel_clients < 1:
             raise ConfigError(f"parallel_clients must be >= 1, got {parallel_clients}")
-        if threads_per_client is not None and threads_per_client < 1:
-            raise ConfigError(f"threads_per_client must be >= 1, got {threads_per_client}")
+        if threads_per_client is not None and not (
+            type(threads_per_client) is int and threads_per_client >= 1
+        ):  # "auto" is resolved before a runtime is built (osfl.assembly.resolve_threads)
+            raise ConfigError(f"threads_per_client must be >= 1, got {threads_per_client!r}")
         self.parallel = parallel_clients
         self.threads = threads_per_client
 
@@ -121,7 +154,7 @@ class SimulationRuntime:
     def execute(self, job: Job, *, observers: Sequence[Observer] = ()) -> RunResult:
         pool = ThreadPoolExecutor(self.parallel) if self.parallel > 1 else None
         try:
-            transport = InProcessClients(job, pool)
+            transport = InProcessClients(job, pool, batch_clients=self.batch_clients)
             loop = RoundLoop(job, transport, observers, threads=self.pinned_threads())
             return loop.execute()
         finally:
@@ -139,6 +172,7 @@ def run_simulation(
     seed: int | None = None,
     parallel_clients: int = 1,
     threads_per_client: int | None = None,
+    batch_clients: bool = False,
     evaluator: Evaluator | None = None,
     eval_every: int = 0,
 ) -> RunResult:
@@ -153,5 +187,5 @@ def run_simulation(
         evaluator=evaluator,
         eval_every=eval_every,
     )
-    runtime = SimulationRuntime(parallel_clients, threads_per_client)
+    runtime = SimulationRuntime(parallel_clients, threads_per_client, batch_clients=batch_clients)
     return runtime.execute(job, observers=observers)

@@ -1,0 +1,246 @@
+"""Batched clients: many clients of one architecture trained as one step.
+
+One-shot methods start from N clients that train the same small model from
+the same weights on their own data (DESIGN.md §2). Trained one by one on a
+CPU, a small CNN at batch 64 spends most of each step in per-operator
+overhead, not arithmetic. Here the N models' parameters are stacked along a
+new leading dimension and every step runs the whole federation through
+:func:`torch.func.functional_call` under :func:`torch.func.vmap`, so each
+operator runs once on N clients' batches.
+
+The result equals :func:`osfl.fl.training.train_local` run per client, up to
+float tolerance (the batched kernels sum in another order):
+
+- each client keeps its own seeded loader and augmentation generator, drawn
+  in the same order as its sequential run, so batches and augmentations are
+  the same;
+- clients whose next batch is shorter (the end of an epoch, ``drop_last``
+  off) run in their own vmap group of that size, so BatchNorm statistics only
+  ever see a client's real samples: no padding, no masks;
+- every optimizer in :data:`osfl.fl.optim.OPTIMIZERS` is elementwise, so one
+  optimizer over the stacked parameters updates each client exactly as its own
+  optimizer would; gradient clipping is per client;
+- a client with fewer steps (less data, epochs-based training) is copied out
+  when it takes its last step; the stacked copy may go on moving, unused.
+
+It applies when a model has no active dropout (a different random mask per
+client would not match a sequential run), the objective is plain
+cross-entropy (no objective terms, no custom loss), and, for a schedule that
+is not constant, every client takes the same number of steps (the schedule is
+one for all). :func:`batchable` says why not otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.func import functional_call, vmap
+
+from osfl.errors import ConfigError
+from osfl.fl.optim import build_optimizer, build_schedule, is_constant_schedule
+from osfl.fl.train_config import TrainConfig
+from osfl.fl.training import TrainStats, _loader, training_health
+
+if TYPE_CHECKING:
+    from osfl.data.imageset import ImageSet
+    from osfl.data.transforms import Transform
+
+__all__ = ["BatchedResult", "batchable", "train_batched"]
+
+
+@dataclass
+class BatchedResult:
+    """One client's outcome: its trained state dict (on ``device``), its
+    :class:`TrainStats` and the label batch of every local step, in order."""
+
+    state: dict[str, torch.Tensor]
+    stats: TrainStats
+    step_labels: list[torch.Tensor]
+
+
+def batchable(model: nn.Module, cfg: TrainConfig, sizes: Sequence[int]) -> str | None:
+    """Why clients of ``model`` holding ``sizes`` samples cannot train batched
+    with ``cfg`` (``None``: they can)."""
+    if len(sizes) < 2:
+        return "fewer than two clients"
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
+            return f"{name or 'model'} has dropout (p={m.p}): its masks would differ per run"
+    if not is_constant_schedule(cfg) and len({cfg.total_steps(n) for n in sizes}) > 1:
+        return "the lr schedule is not constant and the clients take different numbers of steps"
+    return None
+
+
+def _client_batches(
+    data: ImageSet, cfg: TrainConfig, generator: torch.Generator, device: torch.device, total: int
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The client's ``total`` batches, epoch after epoch, exactly as :func:`train_local` draws them."""
+    loader = _loader(data, cfg, generator, device)
+    step = 0
+    while step < total:
+        for batch in loader:
+            yield batch
+            step += 1
+            if step >= total:
+                return
+
+
+class _ClientTally:
+    """Loss sums and last-epoch accuracy of one client (as :func:`train_local` keeps them)."""
+
+    def __init__(self, total: int, per_epoch: int, device: torch.device):
+        self.total, self.per_epoch = total, per_epoch
+        self.loss_sum = torch.zeros((), device=device)
+        self.first = torch.zeros((), device=device)
+        self.final = torch.zeros((), device=device)
+        self.correct = torch.zeros((), dtype=torch.int64, device=device)
+        self.last = self.loss_sum
+        self.seen = self.samples = 0
+        self.labels: list[torch.Tensor] = []
+
+    def add(self, step: int, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
+        self.loss_sum += loss
+        self.last = loss
+        if step < self.per_epoch:
+            self.first += loss
+        if step >= self.total - self.per_epoch:
+            self.final += loss
+            self.correct += (logits.argmax(dim=1) == y).sum()
+            self.seen += y.shape[0]
+        self.samples += y.shape[0]
+        self.labels.append(y)
+
+    def stats(self, epochs: float, seconds: float) -> TrainStats:
+        first_loss = float(self.first) / self.per_epoch
+        final_loss = float(self.final) / self.per_epoch
+        accuracy = float(self.correct) / self.seen if self.seen else None
+        return TrainStats(
+            steps=self.total,
+            samples=self.samples,
+            epochs=epochs,
+            mean_loss=float(self.loss_sum) / max(self.total, 1),
+            last_loss=float(self.last),
+            seconds=seconds,
+            first_loss=first_loss,
+            final_loss=final_loss,
+            train_accuracy=accuracy,
+            warnings=training_health(first_loss, final_loss, accuracy, epochs),
+        )
+
+
+def _clip_per_client(params: Sequence[torch.Tensor], max_norm: float) -> None:
+    """``clip_grad_norm_`` for each client's slice of the stacked gradients."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return
+    norms = torch.stack([g.flatten(1).pow(2).sum(1) for g in grads]).sum(0).sqrt()
+    scale = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(scale.view(-1, *([1] * (g.ndim - 1))))
+
+
+def train_batched(
+    model: nn.Module,
+    datas: Sequence[ImageSet],
+    cfg: TrainConfig,
+    generators: Sequence[torch.Generator],
+    *,
+    transform: Transform | None = None,
+    device: torch.device | str = "cpu",
+) -> list[BatchedResult]:
+    """Train one copy of ``model`` (its current weights) per data set in ``datas``.
+
+    ``generators[i]`` is client i's generator, as :func:`train_local` would
+    get it (batch order and augmentations). Raises :class:`ConfigError` when
+    :func:`batchable` says no. ``model`` itself is not changed.
+    """
+    device = torch.device(device)
+    sizes = [len(d) for d in datas]
+    why = batchable(model, cfg, sizes)
+    if why is not None:
+        raise ConfigError(f"clients cannot train batched: {why}")
+    if len(generators) != len(datas):
+        raise ConfigError(f"{len(datas)} data sets but {len(generators)} generators")
+    n = len(datas)
+    model = model.to(device).train()
+    params = {
+        k: v.detach().unsqueeze(0).repeat(n, *([1] * v.ndim)).requires_grad_(v.requires_grad)
+        for k, v in model.named_parameters()
+    }
+    buffers = {
+        k: v.detach().unsqueeze(0).repeat(n, *([1] * v.ndim)) for k, v in model.named_buffers()
+    }
+    keys = list(model.state_dict())  # persistent entries, in the order loaders expect
+    trainable = [p for p in params.values() if p.requires_grad]
+    totals = [cfg.total_steps(s) for s in sizes]
+    optimizer = build_optimizer(trainable, cfg)
+    schedule = None if is_constant_schedule(cfg) else build_schedule(optimizer, cfg, totals[0])
+    streams = [
+        _client_batches(d, cfg, g, device, t)
+        for d, g, t in zip(datas, generators, totals, strict=True)
+    ]
+    per_epoch = [min(cfg.batches_per_epoch(s), t) for s, t in zip(sizes, totals, strict=True)]
+    tallies = [_ClientTally(t, e, device) for t, e in zip(totals, per_epoch, strict=True)]
+
+    def forward(p: dict, b: dict, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        b = dict(b)  # BatchNorm updates its running statistics in place: return them
+        out = functional_call(model, (p, b), (x,))
+        return out, b
+
+    batched_forward = vmap(forward)
+    results: dict[int, BatchedResult] = {}
+    start = time.perf_counter()
+    for step in range(max(totals)):
+        active = [i for i in range(n) if step < totals[i]]
+        groups: dict[int, list[int]] = {}
+        batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for i in active:
+            xb, yb = next(streams[i])
+            x = transform(xb, generators[i]) if transform is not None else xb.float() / 255
+            batches[i] = (x, yb)
+            groups.setdefault(yb.shape[0], []).append(i)
+        loss = torch.zeros((), device=device)
+        for members in groups.values():
+            whole = len(members) == n
+            index = None if whole else torch.tensor(members, device=device)
+            p = params if whole else {k: v.index_select(0, index) for k, v in params.items()}
+            b = buffers if whole else {k: v.index_select(0, index) for k, v in buffers.items()}
+            x = torch.stack([batches[i][0] for i in members])
+            y = torch.stack([batches[i][1] for i in members])
+            logits, new_buffers = batched_forward(p, b, x)
+            with torch.no_grad():
+                for k, v in new_buffers.items():
+                    if v.data_ptr() != buffers[k].data_ptr():  # a whole group updated in place
+                        buffers[k].index_copy_(0, index, v)
+            per_client = (
+                F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
+                .view(len(members), -1)
+                .mean(1)
+            )
+            loss = loss + per_client.sum()
+            for j, i in enumerate(members):
+                tallies[i].add(step, per_client[j].detach(), logits[j].detach(), batches[i][1])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.grad_clip is not None:
+            _clip_per_client(trainable, cfg.grad_clip)
+        optimizer.step()
+        if schedule is not None:
+            schedule.step()
+        for i in active:
+            if step + 1 == totals[i]:
+                stacked = {**params, **buffers}
+                state = {k: stacked[k][i].detach().clone() for k in keys}
+                epochs = totals[i] / max(cfg.batches_per_epoch(sizes[i]), 1)
+                results[i] = BatchedResult(
+                    state=state,
+                    stats=tallies[i].stats(epochs, time.perf_counter() - start),
+                    step_labels=tallies[i].labels,
+                )
+    return [results[i] for i in range(n)]

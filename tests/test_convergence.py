@@ -1,0 +1,61 @@
+"""Rounds and time to a target accuracy (osfl.convergence) and their summary table."""
+
+from __future__ import annotations
+
+import pytest
+
+from osfl import report
+from osfl.convergence import convergence, link_seconds
+
+CURVE = [
+    {"round": 0, "accuracy": 0.40, "bytes": 1_000_000, "seconds": 2.0},
+    {"round": 1, "accuracy": 0.62, "bytes": 2_000_000, "seconds": 4.0},
+    {"round": 2, "accuracy": 0.58, "bytes": 3_000_000, "seconds": 6.0},
+]
+
+
+def test_rounds_and_time_to_target_hand_computed():
+    c = convergence(CURVE, target_accuracy=0.6, link_mbps=8.0)  # 1 MB/s
+    assert c is not None
+    assert c["rounds_to_target"] == 2 and c["time_to_target_s"] == pytest.approx(4.0 + 2.0)
+    assert c["total_time_s"] == pytest.approx(6.0 + 3.0)
+    assert c["best_accuracy"] == 0.62 and c["best_round"] == 2
+    assert link_seconds(CURVE[0], 500.0) == pytest.approx(2.0 + 8e6 / 500e6)
+
+
+def test_an_unreached_target_and_no_target():
+    never = convergence(CURVE, target_accuracy=0.9, link_mbps=500.0)
+    assert never is not None and never["rounds_to_target"] is None
+    assert never["time_to_target_s"] is None
+    none = convergence(CURVE, target_accuracy=None, link_mbps=500.0)
+    assert none is not None and none["rounds_to_target"] is None and none["total_time_s"] > 6.0
+
+
+def test_no_convergence_without_a_costed_curve():
+    assert convergence(CURVE[:1], target_accuracy=0.5, link_mbps=500.0) is None
+    old = [{"round": r, "accuracy": 0.5} for r in range(3)]  # a record from before the costs
+    assert convergence(old, target_accuracy=0.5, link_mbps=500.0) is None
+
+
+def test_summary_table_and_time_panel(tmp_path):
+    recs = []
+    for seed, target in ((0, 0.6), (1, 0.6)):
+        curve = [dict(p) for p in CURVE]
+        if seed == 1:
+            curve[1]["accuracy"] = 0.5  # this seed only reaches 0.58: never the target
+        recs.append(
+            {
+                "method": "eftvit",
+                "seed": seed,
+                "curve": curve,
+                "convergence": convergence(curve, target_accuracy=target, link_mbps=8.0),
+            }
+        )
+    md = report.convergence_markdown(recs)
+    assert "## Cost to accuracy (link 8 Mbit/s)" in md
+    assert "rounds to 60.0 %" in md
+    row = next(line for line in md.splitlines() if "| eftvit |" in line)
+    assert "2.0 (1/2 seeds)" in row and "| 6.0 |" in row and row.endswith("| 9.0 |")
+    assert report.convergence_markdown([{"method": "fedavg", "seed": 0}]) == ""
+    path = report.plot_curves(recs, tmp_path / "curves.png", link_mbps=8.0)
+    assert path is not None and path.stat().st_size > 0
