@@ -45,7 +45,9 @@ def error_line(capsys, argv: list[str]) -> str:
 def test_list(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    for name in ("digits", "dirichlet", "cnn_small", "fedavg (one-shot, default run)", "fedprox"):
+    fedavg = "fedavg (one-shot, default run, regime scratch, uploads weights)"
+    falcon = "falcon (one-shot, regime frozen_encoder, uploads synthetic_data)"
+    for name in ("digits", "dirichlet", "cnn_small", fedavg, falcon, "fedprox"):
         assert name in out
 
 

@@ -26,6 +26,7 @@ import osfl.methods  # noqa: F401  (registers the methods)
 from osfl import assembly
 from osfl.config import ExperimentConfig
 from osfl.fl.method import METHODS
+from osfl.fl.regimes import REGIMES, UPLOAD_KINDS
 from osfl.fl.runtime.base import RunResult
 from osfl.fl.runtime.flower_loopback import FlowerLoopbackRuntime
 from osfl.fl.runtime.simulation import SimulationRuntime
@@ -124,3 +125,5 @@ def test_method_declares_a_runnable_smoke_config(name: str) -> None:
     job = assembly.build_job(cfg, name, smoke_context(cfg))
     job.method.check()
     assert job.method.name == name
+    assert cls.regime in REGIMES, f"{name}: regime {cls.regime!r} is not one of {list(REGIMES)}"
+    assert cls.uploads in UPLOAD_KINDS, f"{name}: uploads {cls.uploads!r} is not a known kind"

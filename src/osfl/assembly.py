@@ -30,6 +30,7 @@ from osfl.fl.cache import ClientCache
 from osfl.fl.context import ModelSpec, RunContext
 from osfl.fl.method import METHODS, Method
 from osfl.fl.progress import Progress
+from osfl.fl.regimes import run_regime
 from osfl.fl.runtime.base import Job, PartitionedData, RunResult, Runtime
 from osfl.fl.runtime.flower_loopback import FlowerLoopbackRuntime
 from osfl.fl.runtime.simulation import SimulationRuntime
@@ -445,8 +446,12 @@ def run_record(
             "seed": fed.seed,
             "num_clients": len(fed.client_indices),
         }
+    weights = pretrained_weights(cfg, None)
     record: dict[str, Any] = {
         **context,
+        # what the numbers presuppose: tables never rank records of different regimes together
+        "regime": run_regime(job.method.regime, weights is not None),
+        "uploads": job.method.uploads,
         "runtime": cfg.runtime,
         # torch threads each client trained with ("auto" resolved; null: not pinned)
         "threads_per_client": cfg.threads_per_client,
@@ -470,7 +475,6 @@ def run_record(
     )
     if reached is not None:
         record["convergence"] = reached
-    weights = pretrained_weights(cfg, None)
     if weights is not None:
         card = weights.get("card") or {}
         record["pretrained"] = {

@@ -80,7 +80,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     )
     records = outcome.records
     rows = report.summarize(records)
-    console.print(report.rich_table(rows, title=f"{outcome.base.name} — {outcome.base.data.source}"))
+    title = f"{outcome.base.name} — {outcome.base.data.source}"
+    groups = report.by_regime(rows)
+    for regime, group in groups.items():  # one scoreboard per regime
+        heading = f"{title}\n{report.regime_heading(regime)}" if len(groups) > 1 else title
+        console.print(report.rich_table(group, title=heading))
     for line in report.warning_lines(rows):
         console.print(f"[yellow]warning[/yellow] {line}", markup=True, highlight=False)
     if any("audit" in r for r in records):
@@ -216,7 +220,8 @@ def registries() -> dict[str, list[str]]:
             )
             if on
         ]
-        return f"{name} ({', '.join(tags)})" if tags else name
+        tags += [f"regime {cls.regime}", f"uploads {cls.uploads}"]
+        return f"{name} ({', '.join(tags)})"
 
     out = {
         "datasets": list_datasets(),
@@ -235,9 +240,15 @@ def cmd_list(args: argparse.Namespace) -> int:
         import osfl.methods  # noqa: F401  (registers the methods)
         from osfl.config import config_tree
         from osfl.fl.method import METHODS
+        from osfl.fl.regimes import REGIMES, UPLOAD_KINDS
 
         cls = METHODS.get(args.method)
         console.print(f"[bold]{cls.name}[/bold]: {(cls.__doc__ or '').strip().splitlines()[0]}")
+        console.print(
+            f"regime {cls.regime} ({REGIMES[cls.regime]}); uploads {cls.uploads} "
+            f"({UPLOAD_KINDS[cls.uploads]})",
+            markup=False,
+        )
         console.print(f"options (set as method.{cls.name}.<key>=<value>), with their defaults:")
         console.print(config_tree(cls.Config).rstrip() or "(none)", markup=False)
         return 0

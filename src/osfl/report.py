@@ -23,6 +23,7 @@ import numpy as np
 
 from osfl import jsonio
 from osfl.errors import DataError
+from osfl.fl.regimes import REGIMES
 from osfl.fl.upload import human_bytes
 
 SCHEMA_VERSION = 1
@@ -129,6 +130,7 @@ class Row:
     bytes_down: Stat | None
     time_s: Stat | None
     warnings: tuple[str, ...] = ()
+    regime: str = ""  # osfl.fl.method.REGIMES; "" for records written before regimes
 
 
 def summarize(records: Sequence[Mapping[str, Any]]) -> list[Row]:
@@ -153,9 +155,24 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> list[Row]:
                         f"seed {r['seed']}: {w}" for r in recs for w in r.get("warnings", [])
                     )
                 ),
+                regime=str(recs[0].get("regime", "")),
             )
         )
     return rows
+
+
+def by_regime(rows: Sequence[Row]) -> dict[str, list[Row]]:
+    """Rows split by regime, in first-seen order: each is its own scoreboard
+    (numbers of different regimes are never ranked in one table)."""
+    groups: dict[str, list[Row]] = {}
+    for r in rows:
+        groups.setdefault(r.regime, []).append(r)
+    return groups
+
+
+def regime_heading(regime: str) -> str:
+    """``regime: what it presupposes`` (the regime names of osfl.fl.method)."""
+    return f"regime `{regime}`: {REGIMES[regime]}" if regime in REGIMES else f"regime `{regime}`"
 
 
 def _pct(s: Stat | None) -> str:
@@ -216,17 +233,23 @@ def rich_table(rows: Sequence[Row], title: str = "") -> Any:
 
 def summary_markdown(rows: Sequence[Row], *, title: str, notes: Sequence[str] = ()) -> str:
     """``summary.md``: the table as GitHub Markdown (mean ± sample std over seeds)."""
-    header, cells = table_rows(rows)
-    right = header.index("seeds")
     lines = [f"# {title}", ""]
     lines += [f"- {n}" for n in notes]
     if notes:
         lines.append("")
-    lines.append("| " + " | ".join(header) + " |")
-    lines.append("|" + "|".join("---" if i < right else "---:" for i in range(len(header))) + "|")
-    lines += ["| " + " | ".join(c) + " |" for c in cells]
+    groups = by_regime(rows)
+    for regime, group in groups.items():
+        if len(groups) > 1:
+            lines += [f"## {regime_heading(regime)}", ""]
+        header, cells = table_rows(group)
+        right = header.index("seeds")
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append(
+            "|" + "|".join("---" if i < right else "---:" for i in range(len(header))) + "|"
+        )
+        lines += ["| " + " | ".join(c) + " |" for c in cells]
+        lines.append("")
     lines += [
-        "",
         "Accuracy: mean ± sample standard deviation over seeds (global test set; "
         "`local` reports the mean accuracy of the clients' own models).",
         "",

@@ -87,6 +87,10 @@ class Method(ABC):
     #: Whether :meth:`release` gives a final state the sites may evaluate
     #: (real sites without a server test set evaluate the predictor locally).
     site_evaluation: ClassVar[bool] = False
+    #: The method's regime as its paper runs it (a key of :data:`REGIMES`).
+    regime: ClassVar[str] = "scratch"
+    #: What its clients send (a key of :data:`UPLOAD_KINDS`).
+    uploads: ClassVar[str] = "weights"
 
     def __init__(self, config: Any, run: RunContext):
         self.config = config
@@ -222,6 +226,14 @@ class MethodWrapper(Method):
     @property  # type: ignore[override]
     def one_shot(self) -> bool:  # type: ignore[override]
         return self.inner.one_shot
+
+    @property  # type: ignore[override]
+    def regime(self) -> str:  # type: ignore[override]
+        return self.inner.regime
+
+    @property  # type: ignore[override]
+    def uploads(self) -> str:  # type: ignore[override]
+        return self.inner.uploads
 
     @property
     def rounds(self) -> int:

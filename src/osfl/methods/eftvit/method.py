@@ -163,6 +163,8 @@ def empty_round(round: int) -> dict[str, Any]:
 class EFTViT(Method):
     """Hierarchical FL of a ViT: private masked-trained local modules, a global
     module trained on the server from median-sampled patch features."""
+    regime: ClassVar[str] = "pretrained"
+    uploads: ClassVar[str] = "features"  # masked patch features of the local module
 
     Config: ClassVar[type] = EFTViTConfig
     one_shot: ClassVar[bool] = False

@@ -268,6 +268,7 @@ def masked_mean_prototypes(prototypes: list[torch.Tensor]) -> torch.Tensor:
 @register_method("fafi")
 class FAFI(Method):
     """Server state: ``{"init": {arch: FAFINet state}, "clients": {id: {...}}}``."""
+    uploads: ClassVar[str] = "weights+prototypes"
 
     Config: ClassVar[type] = FAFIConfig
     smoke: ClassVar[tuple[str, ...]] = ("method.fafi.augment=flip",)

@@ -161,6 +161,7 @@ def teacher_probs(
 class FALCON(FrozenEncoderMethod):
     """Server state: ``{"encoder", "student", "clients": {id: {form, bytes,
     num_samples, synthetic}}, "gflops_per_sample", "phases"}``."""
+    uploads: ClassVar[str] = "synthetic_data"  # token sequences, or the generator
 
     Config: ClassVar[type] = FALCONConfig
     one_shot: ClassVar[bool] = True

@@ -150,6 +150,7 @@ class FedMITRConfig(KDConfig):
 @register_method("fedmitr")
 class FedMITR(DistillationMethod):
     """Sparse model inversion + token relabel (see the module docstring)."""
+    regime: ClassVar[str] = "pretrained"  # its clients fine-tune a pretrained ViT
 
     Config: ClassVar[type] = FedMITRConfig
     smoke: ClassVar[tuple[str, ...]] = (

@@ -97,6 +97,8 @@ def flops_per_sample(sample: Callable[[], torch.Tensor]) -> float:
 class FrozenEncoderMethod(Method):
     """Base of the frozen-encoder methods: ``Config`` has an ``encoder``
     (:class:`EncoderConfig`) field; subclasses say which views they encode."""
+    regime: ClassVar[str] = "frozen_encoder"
+    uploads: ClassVar[str] = "statistics"
 
     one_shot: ClassVar[bool] = True
 

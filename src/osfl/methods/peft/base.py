@@ -153,6 +153,7 @@ class PEFTMethod(FedAvg):
     also vary the set per client or round (:meth:`client_names`,
     :meth:`global_names`) and train a view of the model (:meth:`client_view`).
     """
+    regime: ClassVar[str] = "pretrained"
 
     Config: ClassVar[type] = PEFTConfig
     one_shot: ClassVar[bool] = False
