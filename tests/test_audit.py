@@ -141,6 +141,10 @@ def test_inline_audit_lands_in_metrics_and_summary(recorded: Path) -> None:
     res = doc["records"][0]["audit"]["llg+"]
     assert res["n"] == 6 and 0.0 <= res["iAcc"] <= 1.0 and 0.0 <= res["cAcc"] <= 1.0
     assert len(res["per_observation"]) == 6
+    assert res["threat_model"] == "honest-but-curious server"
+    for o in res["per_observation"]:
+        assert o["global_model"] == ("initial" if o["round"] == 0 else "trained")
+        assert o["local_steps"] >= 1
     assert "## Privacy audit" in (recorded / "summary.md").read_text()
 
 
@@ -175,5 +179,23 @@ def test_audit_markdown_pools_observations() -> None:
     ]
     rec = {"method": "fedavg", "seed": 0, "point": "", "audit": {"rlu": {"per_observation": rows}}}
     md = audit_markdown([rec, {**rec, "seed": 1}])
-    assert "| fedavg | rlu | 4 | 75.0 ± 28.9 | 75.0 ± 28.9 | 0 |" in md
+    assert "| fedavg | rlu | — | — | — | 4 | 75.0 ± 28.9 | 75.0 ± 28.9 | 0 |" in md  # an old record
+
+
+def test_audit_rows_split_the_initial_and_the_trained_model() -> None:
+    """Attacks that work on the initial model may fail on a trained one: one row each,
+    with the threat model and the local steps."""
+    rows = [
+        {"round": 0, "client": 0, "cAcc": 1.0, "iAcc": 1.0, "global_model": "initial",
+         "local_steps": 5},
+        {"round": 3, "client": 0, "cAcc": 0.5, "iAcc": 0.25, "global_model": "trained",
+         "local_steps": 5},
+        {"round": 4, "client": 1, "cAcc": 0.5, "iAcc": 0.75, "global_model": "trained",
+         "local_steps": 7},
+    ]  # fmt: skip
+    audit = {"per_observation": rows, "threat_model": "honest-but-curious server"}
+    md = audit_markdown([{"method": "fedavg", "seed": 0, "audit": {"rlu": audit}}])
+    server = "honest-but-curious server"
+    assert f"| fedavg | rlu | {server} | initial | 5 | 1 | 100.0 ± 0.0 | 100.0 ± 0.0 | 0 |" in md
+    assert f"| fedavg | rlu | {server} | trained | 5–7 | 2 | 50.0 ± 0.0 | 50.0 ± 35.4 | 0 |" in md
     assert AttackSpec("rlu", {}, "x").key == "x"

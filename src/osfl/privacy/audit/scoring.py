@@ -49,10 +49,16 @@ def score_observations(
     "cAcc_std", "iAcc", "iAcc_std", "n", "per_observation", ...}`` (mean ±
     sample std over the observations). An observation an attack cannot use is
     logged and counted in ``failed`` with its reason; the others go on."""
-    from osfl.privacy import resolve_inputs, run_attack
+    from osfl.privacy import ATTACKS, resolve_inputs, run_attack
 
     out: dict[str, dict[str, Any]] = {
-        a.key: {"attack": a.name, "options": dict(a.options), "per_observation": [], "failed": []}
+        a.key: {
+            "attack": a.name,
+            "threat_model": ATTACKS.get(a.name).threat_model,
+            "options": dict(a.options),
+            "per_observation": [],
+            "failed": [],
+        }
         for a in attacks
     }
     for obs in observations:
@@ -83,6 +89,10 @@ def score_observations(
                 {
                     "round": obs.round,
                     "client": obs.client_id,
+                    # the setting: attacks that work on the initial model may fail on a
+                    # trained one and after many local steps (report both rows)
+                    "global_model": global_model_state(obs.round),
+                    "local_steps": inputs.train.steps,
                     **scores,
                     "labels": int(torch.as_tensor(labels).numel()),
                     "seconds": round(time.perf_counter() - t, 4),
@@ -95,6 +105,12 @@ def score_observations(
             rec["cAcc"], rec["cAcc_std"] = stats([r["cAcc"] for r in rows])
             rec["iAcc"], rec["iAcc_std"] = stats([r["iAcc"] for r in rows])
     return out
+
+
+def global_model_state(round: int) -> str:
+    """``initial`` for round 0 (the model every client starts from: random, or
+    the pretrained weights), ``trained`` after a round of FL."""
+    return "initial" if round == 0 else "trained"
 
 
 def _fail(obs: Observation, why: str) -> dict[str, Any]:

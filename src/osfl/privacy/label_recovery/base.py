@@ -358,12 +358,27 @@ def resolve(
 
 
 # ------------------------------------------------------------------ attack base + registry
+#: Who runs an attack and what they see (every audit row says which).
+THREAT_MODELS: dict[str, str] = {
+    "honest-but-curious server": (
+        "follows the protocol and reads each client's update (an eavesdropper on a link "
+        "without TLS sees the same)"
+    ),
+    "malicious server": "may also choose the model or code it sends the clients",
+}
+
+
 class LabelAttack(ABC):
-    """Base of every label-recovery attack: ``Config`` (frozen dataclass) + ``recover``."""
+    """Base of every label-recovery attack: ``Config`` (frozen dataclass) + ``recover``.
+
+    ``threat_model`` (a key of :data:`THREAT_MODELS`): who can run it. Every
+    attack here reads one client's update of one round against the global
+    model it started from, so an honest-but-curious server can."""
 
     name: ClassVar[str] = "attack"
     Config: ClassVar[type] = object
     needs_aux: ClassVar[bool] = True
+    threat_model: ClassVar[str] = "honest-but-curious server"
 
     def __init__(self, config: Any = None):
         self.config = config if config is not None else self.Config()
