@@ -109,11 +109,16 @@ class FedDF(DistillationMethod):
         if self.config.public is None:
             raise ConfigError(NO_PUBLIC)
 
+    def transfer_set(self, side: ServerSide) -> ImageSet:
+        """The unlabelled images the server distils on: the ``public`` data here;
+        a generative-prior method synthesises them instead."""
+        return load_public(self.config, side)
+
     def server_train(
         self, side: ServerSide, teacher: EnsembleTeacher, student: nn.Module
     ) -> nn.Module:
         cfg: FedDFConfig = self.config
-        public = load_public(cfg, side)
+        public = self.transfer_set(side)
         if tuple(public.image_shape) != tuple(side.image_shape):
             raise DataError(
                 f"public data has images of shape {tuple(public.image_shape)}, the run "
@@ -153,5 +158,5 @@ class FedDF(DistillationMethod):
                     bar.advance()
                     if done >= steps:
                         break
-        log.info("feddf: %d steps on %d public images", done, len(public))
+        log.info("%s: %d steps on %d transfer images", self.name, done, len(public))
         return student
