@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch import nn
 
 from osfl import assembly
 from osfl.cli import main
@@ -47,7 +48,26 @@ def fake_rates(monkeypatch):
         return rates[threads]
 
     monkeypatch.setattr(th, "measure_images_per_s", measure)
+    monkeypatch.setattr(th, "ROUNDS", 1)  # one timing per candidate (see the median test)
     return calls, rates
+
+
+def test_the_candidates_are_timed_in_turn_and_the_median_decides(monkeypatch, tmp_path):
+    """One fast burst must not decide: 1 thread's outlier (400) loses to the median."""
+    timings = iter([100.0, 150.0, 400.0, 150.0, 100.0, 150.0])  # 1, 2, 1, 2, 1, 2 threads
+    order: list[int] = []
+
+    def measure(model, input_shape, batch_size, threads, **_):
+        order.append(threads)
+        return next(timings)
+
+    monkeypatch.setattr(th, "measure_images_per_s", measure)
+    monkeypatch.setattr(th, "ROUNDS", 3)
+    choice = th.choose_threads(
+        nn.Linear(4, 2), (4,), 8, cache_dir=tmp_path, model_key="lin", max_threads=2
+    )
+    assert order == [1, 2, 1, 2, 1, 2]
+    assert choice.threads == 2 and choice.images_per_s == {1: 100.0, 2: 150.0}
 
 
 def choose(tmp_path: Path | None, **kw):

@@ -49,6 +49,11 @@ MIN_GAIN = 1.10
 #: The cache file under ``cache_dir``.
 CACHE_FILE = "threads.json"
 WARMUP_STEPS, TIMED_STEPS = 2, 4
+#: Each timing runs at least this long (tiny models take milliseconds a step), and
+#: the two candidates are timed in turn this many times, the median kept: one
+#: noisy burst on a shared machine must not decide (a single 4-step timing once
+#: put 1 thread at 2,786 and then at 4,217 images/s on the same idle machine).
+MIN_SECONDS, ROUNDS = 0.2, 3
 
 
 @dataclass(frozen=True)
@@ -78,14 +83,18 @@ def measure_images_per_s(
     steps: int = TIMED_STEPS,
 ) -> float:
     """Training images per second of ``model`` with ``threads`` torch threads:
-    the median of ``steps`` timed steps after ``warmup`` untimed ones."""
+    the median of the timed steps after ``warmup`` untimed ones (``steps`` at
+    least, and as many more as fit in :data:`MIN_SECONDS`)."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(batch_size, *input_shape, generator=gen)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     model.train()
     times, labels = [], None
     with torch_threads(threads):
-        for i in range(warmup + steps):
+        i, start = 0, None
+        while i < warmup + steps or time.perf_counter() - start < MIN_SECONDS:
+            if i == warmup:
+                start = time.perf_counter()
             t0 = time.perf_counter()
             opt.zero_grad(set_to_none=True)
             logits = model(x)
@@ -95,6 +104,7 @@ def measure_images_per_s(
             opt.step()
             if i >= warmup:
                 times.append(time.perf_counter() - t0)
+            i += 1
     return batch_size / max(statistics.median(times), 1e-9)
 
 
@@ -210,7 +220,11 @@ def choose_threads(
 
     net = built if built is not None else _build(model)
     with torch.random.fork_rng(devices=[]):  # timing draws none of the run's random numbers
-        rates = {t: measure_images_per_s(net, input_shape, batch_size, t) for t in (lo, hi)}
+        runs: dict[int, list[float]] = {lo: [], hi: []}
+        for _ in range(ROUNDS):  # in turn, so that a slow spell of the machine hits both
+            for t in (lo, hi):
+                runs[t].append(measure_images_per_s(net, input_shape, batch_size, t))
+        rates = {t: statistics.median(r) for t, r in runs.items()}
     threads = hi if rates[hi] >= MIN_GAIN * rates[lo] else lo
     choice = ThreadChoice(threads, "measured", rates)
     if path is None:
