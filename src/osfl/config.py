@@ -129,7 +129,8 @@ class ExperimentConfig:
     parallel_clients: int = 1
     # simulation: train one-shot clients of one architecture as one batched step
     # (osfl.fl.batched_training; same result up to float tolerance). Off by default:
-    # on CPU it measured 0.4-1.25x (BENCHMARKS.md "Batched clients").
+    # on CPU it measured 1.4-2.8x for small 16-px models, about 1x at 32 px and
+    # nothing on the default run's uneven clients (BENCHMARKS.md "Batched clients").
     batch_clients: bool = False
     # torch threads per client: an int >= 1; "auto": 1 or the client's share of the
     # CPUs, whichever trained faster in a short measurement (osfl.fl.runtime.threads,
