@@ -5,7 +5,6 @@ features can produce, and malformed uploads, are refused with a clear message.""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import numpy as np
@@ -13,7 +12,7 @@ import pytest
 import torch
 from scipy.stats import multivariate_normal, norm
 
-from osfl.assembly import SeedContext, build_federation, build_run, load_splits
+from osfl.assembly import SeedContext, load_splits
 from osfl.config import load_config, method_config
 from osfl.data.federation import Federation
 from osfl.errors import ConfigError, UploadError
@@ -30,6 +29,7 @@ from osfl.methods.ghofl import (
     class_moments,
     gaussian_head,
 )
+from test_fedcgs import seed_ctx
 
 TINY = [
     "data.image_size=16",
@@ -140,18 +140,6 @@ def tiny() -> tuple[Any, Any]:
     return cfg, load_splits(cfg)
 
 
-def seed_ctx(
-    tiny: Any,
-    num_clients: int,
-    alpha: float | None,
-    scheme: str = "dirichlet",
-    federation: Federation | None = None,
-) -> SeedContext:
-    cfg, splits = tiny
-    part = dataclasses.replace(cfg.partition, num_clients=num_clients, alpha=alpha, scheme=scheme)
-    c = dataclasses.replace(cfg, partition=part)
-    fed = federation or build_federation(c, splits.train, 0)
-    return SeedContext(splits, fed, build_run(c, splits, fed, 0))
 
 
 def run(ctx: SeedContext, **over: Any) -> tuple[GHOFL, dict[str, Any], float]:

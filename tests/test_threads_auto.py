@@ -20,6 +20,7 @@ from osfl.errors import ConfigError
 from osfl.experiment import plan_experiment
 from osfl.fl.runtime import threads as th
 from osfl.models import create_model
+from test_cli import tiny as cli_tiny
 
 SHAPE = (1, 8, 8)
 
@@ -184,18 +185,7 @@ def test_auto_is_the_default_and_numbers_and_null_load():
 
 
 def tiny(tmp_path: Path) -> list[str]:
-    return [
-        "data.image_size=8",
-        "data.max_per_class=10",
-        "partition.num_clients=2",
-        "partition.alpha=1.0",
-        "partition.min_partition_size=2",
-        "model.kwargs={width: 4}",
-        "train.epochs=1",
-        "train.batch_size=16",
-        "methods=[fedavg]",
-        f"cache_dir={tmp_path / 'cache'}",
-    ]
+    return [*cli_tiny(tmp_path), "methods=[fedavg]", "threads_per_client=auto"]
 
 
 def test_an_explicit_count_wins(tmp_path, monkeypatch, two_threads):
