@@ -84,3 +84,15 @@ def test_regimes_get_one_table_each():
     assert md.index("| fedavg |") < md.index("## regime `frozen_encoder`") < md.index("| falcon |")
     one = report.summary_markdown(report.summarize(recs[1:]), title="t")
     assert "## regime" not in one and one.count("| method | seeds |") == 1
+
+
+def test_frontier_plot_needs_two_methods(tmp_path):
+    one = [{"method": "fedavg", "seed": 0, "global_test_accuracy": 0.5, "bytes_up": 10}]
+    assert report.plot_frontier(one, tmp_path / "none.png") is None
+    two = [
+        *one,
+        {"method": "fens", "seed": 0, "global_test_accuracy": 0.7, "bytes_up": 40,
+         "bytes_down": 90, "regime": "scratch"},
+    ]  # fmt: skip
+    path = report.plot_frontier(two, tmp_path / "frontier.png")
+    assert path is not None and path.read_bytes()[:4] == b"\x89PNG"

@@ -378,6 +378,42 @@ def plot_curves(
     return out
 
 
+def plot_frontier(records: Sequence[Mapping[str, Any]], path: str | Path) -> Path | None:
+    """Accuracy against total bytes (up + down, log scale), one point per (grid
+    point, method), mean over seeds, one marker per regime: the bytes–accuracy
+    frontier of a comparison (FENS against one-shot FedAvg, Ensemble and
+    multi-round FedAvg). ``None`` (no file) with fewer than two methods."""
+    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for r in records:
+        if r.get("global_test_accuracy") is not None and "bytes_up" in r:
+            groups.setdefault((str(r.get("point", "")), str(r["method"])), []).append(r)
+    if len({m for _, m in groups}) < 2:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.2), dpi=110, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    markers = dict(zip(REGIMES, "osD^", strict=True))
+    colours = _colours(len(groups))
+    for (point, method), recs in groups.items():
+        sent = float(np.mean([r["bytes_up"] + r.get("bytes_down", 0) for r in recs]))
+        acc = 100 * float(np.mean([r["global_test_accuracy"] for r in recs]))
+        label = f"{method} ({point})" if point else method
+        marker = markers.get(str(recs[0].get("regime")), "x")
+        ax.scatter([sent], [acc], marker=marker, color=next(colours), label=label, s=36)
+    ax.set_xscale("log")
+    ax.set_xlabel("bytes up + down, all clients (log scale)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title("Accuracy against communication (mean over seeds)", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    out = Path(path)
+    fig.savefig(out)
+    return out
+
+
 def _colours(n: int) -> Any:
     """Distinct colours for ``n`` lines (tab10, then tab20, then a colormap sweep)."""
     from matplotlib import colormaps

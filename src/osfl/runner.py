@@ -176,3 +176,4 @@ def write_summary(rd: RunDir, outcome: RunOutcome) -> None:
         summary = summary.rstrip() + "\n\n" + costs
     rd.write_text("summary.md", summary)
     report.plot_curves(records, rd.path / "curves.png", link_mbps=base.link_mbps)
+    report.plot_frontier(records, rd.path / "frontier.png")

@@ -19,6 +19,7 @@ from osfl.methods import (
     feddyn,  # noqa: F401  (registers "feddyn")
     fedmitr,  # noqa: F401  (registers "fedmitr")
     fedpft,  # noqa: F401  (registers "fedpft")
+    fens,  # noqa: F401  (registers "fens")
     generative,  # noqa: F401  (registers "priorkd")
     ghofl,  # noqa: F401  (registers "ghofl")
     kd,  # noqa: F401  (registers deepinversion, adi, dense, coboosting, fedftg, feddf)
