@@ -404,6 +404,10 @@ def plot_frontier(records: Sequence[Mapping[str, Any]], path: str | Path) -> Pat
         marker = markers.get(str(recs[0].get("regime")), "x")
         ax.scatter([sent], [acc], marker=marker, color=next(colours), label=label, s=36)
     ax.set_xscale("log")
+    from matplotlib.ticker import FuncFormatter
+
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human_bytes(v)))
+    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     ax.set_xlabel("bytes up + down, all clients (log scale)")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("Accuracy against communication (mean over seeds)", fontsize=10)
