@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -209,10 +210,63 @@ def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     return header, cells
 
 
+#: ``seed S: client C (round R): message``, as records and RunResult.warnings write them
+_CLIENT_WARNING = re.compile(r"^(?:seed (\d+): )?client (\d+) \(round (\d+)\): (.*)$", re.S)
+_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:e[-+]?\d+)?%?")
+
+
+def _span(values: Sequence[int]) -> str:
+    """``3`` or ``3–28``."""
+    lo, hi = min(values), max(values)
+    return str(lo) if lo == hi else f"{lo}–{hi}"
+
+
+def group_warnings(warnings: Sequence[str]) -> list[str]:
+    """Per-client, per-round warnings of one kind folded into one line.
+
+    A 30-round run can flag the same symptom (a rising loss, a client that did
+    not learn) dozens of times; one line per kind says how often, for which
+    clients, rounds and seeds, and quotes the first as an example. Kinds are
+    the message with its numbers blanked; a kind seen once, and any warning
+    not about one client's round, is kept as it was.
+    """
+    kinds: dict[str, list[tuple[str, re.Match[str]]]] = {}
+    out: list[str | tuple[str, ...]] = []
+    for w in warnings:
+        m = _CLIENT_WARNING.match(w)
+        if m is None:
+            out.append(w)
+            continue
+        kind = _NUMBER.sub("#", m.group(4))
+        if kind not in kinds:
+            kinds[kind] = []
+            out.append((kind,))
+        kinds[kind].append((w, m))
+    lines = []
+    for item in out:
+        if isinstance(item, str):
+            lines.append(item)
+            continue
+        hits = kinds[item[0]]
+        if len(hits) == 1:
+            lines.append(hits[0][0])
+            continue
+        clients = sorted({int(m.group(2)) for _, m in hits})
+        rounds = [int(m.group(3)) for _, m in hits]
+        seeds = sorted({int(m.group(1)) for _, m in hits if m.group(1) is not None})
+        where = f"clients {', '.join(map(str, clients))}; rounds {_span(rounds)}"
+        where += f"; seeds {', '.join(map(str, seeds))}" if seeds else ""
+        lines.append(f"{len(hits)} client trainings ({where}), e.g. {hits[0][0]}")
+    return lines
+
+
 def warning_lines(rows: Sequence[Row]) -> list[str]:
-    """``method: warning`` lines of every row (what went wrong, with a hint)."""
+    """``method: warning`` lines of every row (what went wrong, with a hint),
+    repeated per-client warnings folded by kind (:func:`group_warnings`)."""
     return [
-        f"{r.method}{f' ({r.point})' if r.point else ''}: {w}" for r in rows for w in r.warnings
+        f"{r.method}{f' ({r.point})' if r.point else ''}: {w}"
+        for r in rows
+        for w in group_warnings(r.warnings)
     ]
 
 
@@ -333,7 +387,10 @@ def plot_curves(
     from matplotlib.ticker import MaxNLocator
 
     timed = link_mbps is not None and all(
-        "seconds" in p and "bytes" in p for recs in groups.values() for r in recs for p in r["curve"]
+        "seconds" in p and "bytes" in p
+        for recs in groups.values()
+        for r in recs
+        for p in r["curve"]
     )
     fig = Figure(figsize=(11 if timed else 7, 4.2), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
