@@ -29,7 +29,8 @@ class proportions. This script measures both on the run a config describes:
    (:func:`osfl.methods.eftvit.privacy.histogram_exposure`).
 
     python benchmarks/eftvit_privacy.py [--config configs/eftvit_cifar10_cpu.yaml]
-        [--rounds 30] [--decoder-steps 2000] [--json out.json] [overrides ...]
+        [--rounds 30] [--decoder-steps 2000] [--json out.json] [--figure fig5.png]
+        [overrides ...]
 
 REPRODUCTION.md ("EFTViT", privacy) has the command and the numbers.
 """
@@ -54,7 +55,9 @@ from osfl.fl.upload import Upload
 from osfl.methods.eftvit.privacy import histogram_exposure
 from osfl.privacy.feature_inversion import (
     DecoderConfig,
+    encode,
     inversion_curve,
+    reconstruct,
     score_upload,
     train_feature_decoder,
 )
@@ -90,6 +93,39 @@ def pairs_mean(scores: list[dict[str, float]]) -> dict[str, float]:
     return {k: sum(s[k] * s["pairs"] for s in scores) / n for k in ("psnr", "ssim")}
 
 
+def save_figure(
+    path: str, images: torch.Tensor, rows: Mapping[str, Any], num_patches: int, to_input: Any
+) -> None:
+    """Originals and their reconstructions, one row per (decoder, encoder, r)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gen = torch.Generator().manual_seed(0)
+    shown = []
+    for name, spec in rows.items():
+        if spec is None:
+            shown.append((name, images))
+            continue
+        decoder, encoder, ratio = spec
+        with torch.no_grad():
+            tokens = encode(encoder, to_input(images), num_patches, ratio, gen)
+        shown.append((name, reconstruct(decoder, tokens)))
+    n = len(images)
+    fig, axes = plt.subplots(len(shown), n, figsize=(1.2 * n, 1.3 * len(shown)), squeeze=False)
+    for i, (name, batch) in enumerate(shown):
+        for j in range(n):
+            ax = axes[i, j]
+            ax.imshow(batch[j].permute(1, 2, 0).clamp(0, 1).numpy(), interpolation="nearest")
+            ax.set_xticks([]), ax.set_yticks([])
+            if j == 0:
+                ax.set_ylabel(name, fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/eftvit_cifar10_cpu.yaml")
@@ -98,6 +134,7 @@ def main() -> None:
     ap.add_argument("--decoder-steps", type=int, default=2000)
     ap.add_argument("--held", type=int, default=500, help="test images for the known-pair scores")
     ap.add_argument("--json", default=None, help="also write the numbers here")
+    ap.add_argument("--figure", default=None, help="Fig. 5-style reconstructions (PNG)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -154,6 +191,20 @@ def main() -> None:
             enc: {"psnr": p["psnr"], "ssim": p["ssim"]}
             for enc, p in zip(encoders, curve, strict=True)
         }
+
+    if args.figure:
+        drifted_name = min(
+            (k for k in known["unmasked"] if k != "pretrained"),
+            key=lambda k: known["unmasked"][k]["psnr"],
+            default="pretrained",
+        )
+        rows = {
+            "original": None,
+            f"masked, r={r}": (decoders["masked"], pretrained, r),
+            "unmasked": (decoders["unmasked"], pretrained, 0.0),
+            f"unmasked, {drifted_name}": (decoders["unmasked"], encoders[drifted_name], 0.0),
+        }
+        save_figure(args.figure, held[:8], rows, vit.num_patches, to_input)
 
     epochs = method.local_config().epochs
     exposure = {
