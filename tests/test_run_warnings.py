@@ -21,6 +21,12 @@ def test_rising_loss_and_unlearned_client_are_flagged_with_the_hint() -> None:
     assert all(LR_HINT in w for w in found)
 
 
+def test_a_loss_that_barely_moved_is_noise_not_a_warning() -> None:
+    # 1.70 -> 1.71: a small learning rate and fresh augmentations, not divergence.
+    assert training_health(1.70, 1.71, 0.9, epochs=2) == ()
+    assert len(training_health(1.70, 1.80, 0.9, epochs=2)) == 1
+
+
 def test_non_finite_loss_is_one_divergence_warning() -> None:
     found = training_health(1.0, math.nan, 0.1, epochs=3)
     assert len(found) == 1 and found[0].startswith("local training diverged")

@@ -127,6 +127,9 @@ class TrainStats:
 
 #: Below this accuracy on its own training data a client is flagged as not having learned.
 MIN_TRAIN_ACCURACY = 0.5
+#: A loss that rose by less than this fraction is noise (fresh masks and augmentations
+#: every epoch, a learning rate too small to move it), not a warning.
+LOSS_RISE_TOLERANCE = 0.05
 LR_HINT = "lower the learning rate (train.lr) or set train.grad_clip"
 
 
@@ -134,14 +137,15 @@ def training_health(
     first_loss: float, final_loss: float, train_accuracy: float | None, epochs: float
 ) -> tuple[str, ...]:
     """What a finished local training says about itself: a loss that is not
-    finite, a loss that rose from the first epoch to the last, or an accuracy
+    finite, a loss that rose from the first epoch to the last by more than
+    :data:`LOSS_RISE_TOLERANCE`, or an accuracy
     on the client's own data under :data:`MIN_TRAIN_ACCURACY` (each with the
     usual remedy). Training for a fraction of an epoch is not judged."""
     found = []
     if not (math.isfinite(first_loss) and math.isfinite(final_loss)):
         found.append(f"local training diverged (loss {final_loss}); {LR_HINT}")
         return tuple(found)
-    if epochs >= 2 and final_loss > first_loss:
+    if epochs >= 2 and final_loss > first_loss * (1 + LOSS_RISE_TOLERANCE):
         found.append(
             f"the local loss rose from {first_loss:.3g} (first epoch) to {final_loss:.3g} "
             f"(last); {LR_HINT}"
