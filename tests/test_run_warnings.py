@@ -82,3 +82,17 @@ def test_summary_lists_folded_warnings_under_the_method() -> None:
         f"client 1 (round 1): the local loss rose from 1 (first epoch) to 2 (last); {LR_HINT}"
     ]
     assert "60 warnings, see below" in text
+
+
+def test_a_warning_shared_by_methods_is_one_line_naming_them() -> None:
+    # One cached client feeds every method of a one-shot run: its warning once.
+    shared = f"client 5 (round 0): did not learn its own data: 47% accuracy; {LR_HINT}"
+    records = [
+        {"method": m, "seed": 2, "global_test_accuracy": 0.2, "warnings": [shared]}
+        for m in ("fedavg", "ensemble", "adi")
+    ]
+    records.append(
+        {"method": "fedmitr", "seed": 2, "global_test_accuracy": 0.2, "warnings": ["other"]}
+    )
+    lines = report.warning_lines(report.summarize(records))
+    assert lines == [f"fedavg, ensemble, adi: seed 2: {shared}", "fedmitr: seed 2: other"]

@@ -262,11 +262,16 @@ def group_warnings(warnings: Sequence[str]) -> list[str]:
 
 def warning_lines(rows: Sequence[Row]) -> list[str]:
     """``method: warning`` lines of every row (what went wrong, with a hint),
-    repeated per-client warnings folded by kind (:func:`group_warnings`)."""
+    repeated per-client warnings folded by kind (:func:`group_warnings`). A
+    warning that several methods of one setting share (the same cached
+    client, trained once for all of them) is one line naming them all."""
+    methods: dict[tuple[str, str], list[str]] = {}
+    for r in rows:
+        for w in group_warnings(r.warnings):
+            methods.setdefault((r.point, w), []).append(r.method)
     return [
-        f"{r.method}{f' ({r.point})' if r.point else ''}: {w}"
-        for r in rows
-        for w in group_warnings(r.warnings)
+        f"{', '.join(names)}{f' ({point})' if point else ''}: {w}"
+        for (point, w), names in methods.items()
     ]
 
 
