@@ -160,11 +160,8 @@ def main() -> None:
         for name, ratio in (("masked", r), ("unmasked", 0.0))
     }
 
-    train, fed = ctx.splits.train, ctx.federation
-    client_images = {}
-    for c, idx in enumerate(fed.client_indices):
-        own = train.subset(list(idx))
-        client_images[c] = (own.images.float() / 255, own.labels)
+    own = [ctx.splits.train.subset(list(idx)) for idx in ctx.federation.client_indices]
+    client_images = {c: (d.images.float() / 255, d.labels) for c, d in enumerate(own)}
     inverter = UploadInverter(decoders["masked"], client_images)
     result = SimulationRuntime().execute(job, observers=[inverter])
     upload_curve = [{"round": t, **pairs_mean(s)} for t, s in sorted(inverter.scores.items())]
@@ -208,10 +205,8 @@ def main() -> None:
 
     epochs = method.local_config().epochs
     exposure = {
-        c: histogram_exposure(
-            train.subset(list(idx)).class_counts(), epochs, method.config.threshold_quantile
-        )
-        for c, idx in enumerate(fed.client_indices)
+        c: histogram_exposure(d.class_counts(), epochs, method.config.threshold_quantile)
+        for c, d in enumerate(own)
     }
     out = {
         "accuracy": result.metrics.get("global_test_accuracy"),

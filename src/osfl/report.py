@@ -230,30 +230,21 @@ def group_warnings(warnings: Sequence[str]) -> list[str]:
     the message with its numbers blanked; a kind seen once, and any warning
     not about one client's round, is kept as it was.
     """
-    kinds: dict[str, list[tuple[str, re.Match[str]]]] = {}
-    out: list[str | tuple[str, ...]] = []
-    for w in warnings:
+    # Insertion-ordered groups: a kind of client warning, or one other warning alone.
+    groups: dict[tuple[str, str], list[tuple[str, re.Match[str] | None]]] = {}
+    for i, w in enumerate(warnings):
         m = _CLIENT_WARNING.match(w)
-        if m is None:
-            out.append(w)
-            continue
-        kind = _NUMBER.sub("#", m.group(4))
-        if kind not in kinds:
-            kinds[kind] = []
-            out.append((kind,))
-        kinds[kind].append((w, m))
+        key = ("kind", _NUMBER.sub("#", m.group(4))) if m else ("alone", str(i))
+        groups.setdefault(key, []).append((w, m))
     lines = []
-    for item in out:
-        if isinstance(item, str):
-            lines.append(item)
-            continue
-        hits = kinds[item[0]]
+    for hits in groups.values():
         if len(hits) == 1:
             lines.append(hits[0][0])
             continue
-        clients = sorted({int(m.group(2)) for _, m in hits})
-        rounds = [int(m.group(3)) for _, m in hits]
-        seeds = sorted({int(m.group(1)) for _, m in hits if m.group(1) is not None})
+        matches = [m for _, m in hits if m is not None]
+        clients = sorted({int(m.group(2)) for m in matches})
+        rounds = [int(m.group(3)) for m in matches]
+        seeds = sorted({int(m.group(1)) for m in matches if m.group(1) is not None})
         where = f"clients {', '.join(map(str, clients))}; rounds {_span(rounds)}"
         where += f"; seeds {', '.join(map(str, seeds))}" if seeds else ""
         lines.append(f"{len(hits)} client trainings ({where}), e.g. {hits[0][0]}")
