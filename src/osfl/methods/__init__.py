@@ -20,8 +20,10 @@ from osfl.methods import (
     fedmitr,  # noqa: F401  (registers "fedmitr")
     fedpft,  # noqa: F401  (registers "fedpft")
     fens,  # noqa: F401  (registers "fens")
+    fusefl,  # noqa: F401  (registers "fusefl")
     generative,  # noqa: F401  (registers "priorkd")
     ghofl,  # noqa: F401  (registers "ghofl")
+    intactofl,  # noqa: F401  (registers "intactofl")
     kd,  # noqa: F401  (registers deepinversion, adi, dense, coboosting, fedftg, feddf)
     local,
     peft,  # noqa: F401  (registers fedfull, fedhead, fedbias, fedprompt, fedlora, fedra, fedbfpt)
