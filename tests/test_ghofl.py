@@ -1,7 +1,10 @@
 """GH-OFL: each closed-form head (nb, lda, qda) equals a direct scipy/numpy
 computation on the pooled features; the heads do not depend on how the data
-are split (float64 rounding) and beat chance end to end; statistics no
-features can produce, and malformed uploads, are refused with a clear message."""
+are split (float64 rounding) and beat chance end to end; the learned heads'
+synthetic features follow the law they were drawn from, the heads beat chance,
+and with a fixed seed they depend on the data only through the summed
+statistics; statistics no features can produce, malformed uploads and bad
+options are refused with a clear message."""
 
 from __future__ import annotations
 
@@ -24,11 +27,16 @@ from osfl.methods.fedcgs import ABSENT_CLASS_BIAS, GaussianHead
 from osfl.methods.frozen import encode_images
 from osfl.methods.ghofl import (
     GHOFL,
+    MODULES,
     MOMENT_KEYS,
+    TRAINERS,
     GaussianClassHead,
+    GHOFLConfig,
     class_moments,
     gaussian_head,
+    learned_setup,
 )
+from osfl.methods.ghofl.learned import JITTER, synthetic_gaussians
 from test_fedcgs import seed_ctx
 
 TINY = [
@@ -68,17 +76,22 @@ def fit(head: str, f: torch.Tensor, y: torch.Tensor, **kw: float) -> dict[str, t
     return gaussian_head(head, st["class_sums"], st["class_counts"], st[MOMENT_KEYS[head]], **kw)
 
 
-@pytest.mark.parametrize("pooling,shrinkage", [(0.0, 0.0), (0.3, 0.05)])
-def test_qda_is_the_gaussian_log_joint_density(pooling: float, shrinkage: float) -> None:
+@pytest.mark.parametrize(
+    "pooling,shrinkage,ridge", [(0.0, 0.0, 0.0), (0.3, 0.1, 0.0), (0.3, 0.05, 0.02)]
+)
+def test_qda_is_the_gaussian_log_joint_density(
+    pooling: float, shrinkage: float, ridge: float
+) -> None:
     f, y = toy()
     x = torch.randn(7, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
-    got = scores("qda", fit("qda", f, y, shrinkage=shrinkage, pooling=pooling), x)
+    got = scores("qda", fit("qda", f, y, shrinkage=shrinkage, pooling=pooling, ridge=ridge), x)
     fx, xx = f.numpy(), x.numpy()
     covs = [np.cov(fx[y == c], rowvar=False) for c in (0, 1)]  # unbiased
     within = sum(np.cov(fx[y == c], rowvar=False) * (n - 1) for c, n in ((0, 9), (1, 6))) / 13
-    ridge = shrinkage * np.trace(within) / 3
+    r = ridge * np.trace(within) / 3
     for c, n in ((0, 9), (1, 6)):
-        cov = (1 - pooling) * covs[c] + pooling * within + ridge * np.eye(3)
+        blend = (1 - pooling) * covs[c] + pooling * within  # RDA, then the authors' shrink
+        cov = (1 - shrinkage) * blend + shrinkage * np.trace(blend) / 3 * np.eye(3) + r * np.eye(3)
         want = multivariate_normal(fx[y == c].mean(0), cov).logpdf(xx) + np.log(n / 15)
         np.testing.assert_allclose(got[:, c], want, rtol=1e-10)
     assert (got[:, 2] == ABSENT_CLASS_BIAS).all()  # nobody holds class 2: finite, never argmax
@@ -96,14 +109,16 @@ def test_nb_is_the_diagonal_gaussian_log_joint_density() -> None:
     assert (got[:, 2] == ABSENT_CLASS_BIAS).all()
 
 
-def test_lda_is_the_shared_covariance_classifier() -> None:
+@pytest.mark.parametrize("shrinkage", [0.0, 0.05])
+def test_lda_is_the_shared_covariance_classifier(shrinkage: float) -> None:
     """Up to a per-sample constant (−½ xᵀΣ⁻¹x − ½ log det Σ), lda's scores
-    are log N(x; μ_c, Σ_W) + log π_c with the pooled within-class Σ_W."""
+    are log N(x; μ_c, Σ̂) + log π_c with Σ̂ the shrunk pooled within-class Σ_W."""
     f, y = toy()
     x = torch.randn(7, 3, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
-    got = scores("lda", fit("lda", f, y, shrinkage=0.0), x)
+    got = scores("lda", fit("lda", f, y, shrinkage=shrinkage), x)
     fx, xx = f.numpy(), x.numpy()
     within = sum(np.cov(fx[y == c], rowvar=False) * (n - 1) for c, n in ((0, 9), (1, 6))) / 13
+    within = (1 - shrinkage) * within + shrinkage * np.trace(within) / 3 * np.eye(3)
     want = np.stack(
         [
             multivariate_normal(fx[y == c].mean(0), within).logpdf(xx) + np.log(n / 15)
@@ -126,7 +141,21 @@ def test_options_and_singular_covariances() -> None:
         fit("qda", f, y, shrinkage=0.0)
     with pytest.raises(ConfigError, match=r"ghofl.*singular.*shrinkage"):
         fit("lda", f, y, shrinkage=0.0)
-    for bad, words in (({"head": "svm"}, "head"), ({"pooling": 1.5}, "pooling")):
+    bad_options = (
+        ({"head": "svm"}, "head must be one of nb, lda, qda, fishermix, protohyper"),
+        ({"pooling": 1.5}, "pooling"),
+        ({"qda_shrinkage": -0.1}, "qda_shrinkage"),
+        ({"ridge": -1.0}, "ridge"),
+        ({"synthetic_covariance": "diag"}, "synthetic_covariance must be one of class, pooled"),
+        ({"fisher_energy": 0.0}, "fisher_energy"),
+        ({"kd_alpha": 1.5}, "kd_alpha"),
+        ({"teacher_blend": -0.2}, "teacher_blend"),
+        ({"protohyper_rank": 0}, "protohyper_rank must be > 0"),
+        ({"synthetic_per_class": 0}, "synthetic_per_class"),
+        ({"fishermix_margin": -0.1}, "fishermix_margin"),
+        ({"fishermix_epochs": -1}, "fishermix_epochs"),
+    )
+    for bad, words in bad_options:
         with pytest.raises(ConfigError, match=words):
             method_config(GHOFL, bad)
 
@@ -138,8 +167,6 @@ def test_options_and_singular_covariances() -> None:
 def tiny() -> tuple[Any, Any]:
     cfg = load_config(None, TINY)
     return cfg, load_splits(cfg)
-
-
 
 
 def run(ctx: SeedContext, **over: Any) -> tuple[GHOFL, dict[str, Any], float]:
@@ -186,7 +213,7 @@ def test_partition_invariance_and_the_centralised_head(
         st["class_sums"],
         st["class_counts"],
         st[MOMENT_KEYS[head]],
-        shrinkage=1e-4,
+        shrinkage=m.config.head_shrinkage(),
         pooling=0.3,
     )
     for k in keys:
@@ -305,3 +332,127 @@ def test_statistics_no_features_can_produce_are_screened_out(tiny: Any, head: st
     state = m.aggregate(m.init_state(), {1: zero}, 0)
     keys = ("weight", "bias") if head == "lda" else ("mean", "whiten", "const")
     assert all(bool(torch.isfinite(state[k]).all()) for k in keys)
+
+
+# --- the learned heads (FisherMix, Proto-Hyper) ------------------------------------------
+
+
+def blobs(seed: int, per_class: int, classes: int = 4, dim: int = 6) -> tuple[torch.Tensor, ...]:
+    """Gaussian classes with different covariances, overlapping enough that
+    a head is not trivially perfect; float64."""
+    g = torch.Generator().manual_seed(seed)
+    means = torch.randn(classes, dim, generator=torch.Generator().manual_seed(99)) * 1.5
+    mix = torch.randn(classes, dim, dim, generator=torch.Generator().manual_seed(98)) * 0.5
+    f = torch.cat(
+        [
+            means[c] + torch.randn(per_class, dim, generator=g) @ (torch.eye(dim) + mix[c])
+            for c in range(classes)
+        ]
+    ).double()
+    return f, torch.arange(classes).repeat_interleave(per_class)
+
+
+SMALL = {
+    "synthetic_per_class": 400,
+    "fishermix_epochs": 8,
+    "protohyper_epochs": 8,
+    "fishermix_batch_size": 256,
+    "protohyper_batch_size": 256,
+}
+
+
+def test_synthetic_features_follow_the_statistics() -> None:
+    """The Fisher projection whitens the shrunk pooled covariance and solves
+    S_B v = λ S_W v; each class's synthetic features have the mean μ_c V and
+    covariance τ² (Vᵀ shrink(Σ_c) V + εI) + εI computed here from numpy."""
+    f, y = blobs(0, 300)
+    st = class_moments(f, y, 5, "qda")  # class 4: absent
+    cfg = GHOFLConfig(head="fishermix", synthetic_per_class=20000, fisher_max_dim=8)
+    setup, _ = learned_setup(
+        st["class_sums"], st["class_counts"], st["class_second_moments"], cfg, seed=3
+    )
+    fx, v = f.numpy(), setup.projection.numpy()
+    k = v.shape[1]
+    assert setup.present.tolist() == [True] * 4 + [False] and 2 <= k <= 3  # rank S_B ≤ K − 1
+    within = sum(np.cov(fx[y == c], rowvar=False) * 299 for c in range(4)) / (1200 - 4)
+    sw = 0.95 * within + 0.05 * np.trace(within) / 6 * np.eye(6) + JITTER * np.eye(6)
+    np.testing.assert_allclose(v.T @ sw @ v, np.eye(k), atol=1e-8)  # whitened
+    mbar = fx.mean(0)  # priors are n_c / N: equal classes, the plain mean
+    sb = sum(
+        0.25 * np.outer(fx[y == c].mean(0) - mbar, fx[y == c].mean(0) - mbar) for c in range(4)
+    )
+    lam = np.diag(v.T @ sb @ v)
+    np.testing.assert_allclose(sb @ v, sw @ v * lam, atol=1e-8)  # generalised eigenvectors
+    z, labels = setup.features.numpy(), setup.labels.numpy()
+    assert z.shape == (4 * 20000, k) and np.isfinite(z).all()
+    for c in range(4):
+        own = np.cov(fx[y == c], rowvar=False)
+        shrunk = 0.95 * own + 0.05 * np.trace(own) / 6 * np.eye(6)
+        law = 0.81 * (v.T @ shrunk @ v + JITTER * np.eye(k)) + JITTER * np.eye(k)
+        zc = z[labels == c]
+        sd = np.sqrt(np.diag(law))
+        assert (np.abs(zc.mean(0) - fx[y == c].mean(0) @ v) < 5 * sd / np.sqrt(20000)).all()
+        np.testing.assert_allclose(np.cov(zc, rowvar=False), law, atol=0.04 * sd.max() ** 2)
+    # "pooled": every class follows the same (shrunk pooled) covariance
+    mu, cov = synthetic_gaussians(
+        setup.mean,
+        torch.zeros(4, 6, 6, dtype=torch.float64),
+        setup.pooled,
+        setup.projection,
+        covariance="pooled",
+        shrinkage=0.0,
+        scale=1.0,
+    )
+    np.testing.assert_allclose(cov[0].numpy(), cov[3].numpy())
+    np.testing.assert_allclose(mu.numpy(), setup.mean.numpy() @ v)
+
+
+@pytest.mark.parametrize("head", ["fishermix", "protohyper"])
+def test_learned_heads_beat_chance_and_the_shapes(head: str) -> None:
+    f, y = blobs(1, 200)
+    st = class_moments(f, y, 5, "qda")
+    cfg = method_config(GHOFL, {"head": head, **SMALL})
+    setup, gen = learned_setup(
+        st["class_sums"], st["class_counts"], st["class_second_moments"], cfg, seed=0
+    )
+    params = TRAINERS[head](setup, gen, cfg)
+    keys, build = MODULES[head]
+    assert set(keys) <= set(params)
+    assert all(bool(torch.isfinite(params[k]).all()) for k in keys)
+    test_f, test_y = blobs(2, 300)
+    logits = build(*(params[k] for k in keys))(test_f)
+    assert logits.shape == (1200, 5) and bool(torch.isfinite(logits).all())
+    acc = float((logits.argmax(1) == test_y).double().mean())
+    assert acc > 0.65, acc  # chance: 0.25 (class 4 is absent and never predicted)
+    assert (logits.argmax(1) != 4).all()
+    # as good as the closed-form linear head (the Fisher subspace keeps ≤ K − 1
+    # directions, so covariance differences that QDA exploits are mostly lost)
+    lda_st = class_moments(f, y, 5, "lda")
+    lda = gaussian_head(
+        "lda", lda_st["class_sums"], lda_st["class_counts"], lda_st["second_moment"], shrinkage=0.05
+    )
+    lda_acc = float(
+        (torch.from_numpy(scores("lda", lda, test_f)).argmax(1) == test_y).double().mean()
+    )
+    assert acc > lda_acc - 0.05, (acc, lda_acc)
+
+
+@pytest.mark.parametrize("head", ["fishermix", "protohyper"])
+def test_learned_heads_depend_on_the_data_only_through_the_sums(
+    head: str, splits: list[SeedContext]
+) -> None:
+    """Two partitions of the same data (iid, Dirichlet 0.1), the same run
+    seed: the same synthetic features (the summed statistics agree to float64
+    rounding) and so the same trained head and accuracy."""
+    over = {"head": head, **SMALL, "fishermix_epochs": 40, "protohyper_epochs": 40}
+    (m, first, acc0), (_, other, acc1) = (run(ctx, **over) for ctx in (splits[0], splits[2]))
+    keys, _ = MODULES[head]
+    for k in keys:
+        scale = float(first[k].abs().max())
+        assert torch.allclose(other[k], first[k], rtol=1e-6, atol=1e-6 * scale), (head, k)
+    assert acc0 == acc1 and acc0 > 0.4, (acc0, acc1)  # chance 0.1
+    rep = m.report(first)
+    assert rep["head"] == head and 2 <= rep["fisher_dim"] <= 16
+    assert rep["bytes_up"]["0"]["statistics"] > 10 * D * D * 8  # per-class second moments
+    x = torch.randn(5, D)
+    assert torch.equal(m.predictor(m.release(first)).head(x), m.predictor(first).head(x))
