@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, int]] = [
     ("osfl.robustness", 5),
     ("osfl.config", 4),
     ("osfl.report", 4),
+    ("osfl.scoreboard", 4),
     ("osfl.convergence", 0),
     ("osfl.rundir", 4),
     ("osfl.fl", 3),

@@ -44,7 +44,6 @@ def _split_run_args(items: Sequence[str]) -> tuple[str | None, list[str]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from osfl import report
     from osfl.runner import RunRequest, run
 
     config, overrides = _split_run_args(args.items)
@@ -52,8 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         if config is not None or args.overwrite:
             raise ConfigError(
-                "--resume DIR re-runs DIR/config.yaml: give no other config file and no "
-                "--overwrite"
+                "--resume DIR re-runs DIR/config.yaml: give no other config file and no --overwrite"
             )
         if out is not None and Path(out) != Path(args.resume):
             raise ConfigError(f"--resume {args.resume} writes there; drop --out {out}")
@@ -79,14 +77,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         announce=lambda text: console.print(f"[bold]{text}[/bold]"),
     )
     records = outcome.records
-    rows = report.summarize(records)
-    title = f"{outcome.base.name} — {outcome.base.data.source}"
-    groups = report.by_regime(rows)
-    for regime, group in groups.items():  # one scoreboard per regime
-        heading = f"{title}\n{report.regime_heading(regime)}" if len(groups) > 1 else title
-        console.print(report.rich_table(group, title=heading))
-    for line in report.warning_lines(rows):
-        console.print(f"[yellow]warning[/yellow] {line}", markup=True, highlight=False)
+    _print_scoreboards(console, records, f"{outcome.base.name} — {outcome.base.data.source}")
     if any("audit" in r for r in records):
         from osfl.privacy.audit import audit_rich_table
 
@@ -94,6 +85,40 @@ def cmd_run(args: argparse.Namespace) -> int:
         if table is not None:
             console.print(table)
     console.print(f"run directory: {outcome.out}  ({outcome.wall_s:.1f} s)")
+    return 0
+
+
+def _print_scoreboards(console: Any, records: Sequence[Any], title: str) -> None:
+    """One table per regime (numbers of different regimes are never ranked
+    together), then the warnings."""
+    from osfl import report
+
+    rows = report.summarize(records)
+    groups = report.by_regime(rows)
+    for regime, group in groups.items():
+        heading = f"{title}\n{report.regime_heading(regime)}" if len(groups) > 1 else title
+        console.print(report.rich_table(group, title=heading))
+    for line in report.warning_lines(rows):
+        console.print(f"[yellow]warning[/yellow] {line}", markup=True, highlight=False)
+
+
+# --------------------------------------------------------------------------- table
+def cmd_table(args: argparse.Namespace) -> int:
+    """``osfl table RUN_DIR ...``: one scoreboard per regime from several runs on
+    the same clients (refused when their clients differ)."""
+    from osfl import report
+    from osfl.scoreboard import merge_runs
+
+    records = merge_runs(args.run_dirs)
+    if args.markdown:
+        rows = report.summarize(records)
+        print(report.summary_markdown(rows, title=" + ".join(args.run_dirs)))
+    else:
+        _print_scoreboards(_console(), records, " + ".join(args.run_dirs))
+    if args.frontier:
+        if report.plot_frontier(records, args.frontier) is None:
+            raise ConfigError("--frontier needs records of at least two methods")
+        print(f"frontier plot: {args.frontier}")
     return 0
 
 
@@ -403,6 +428,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--method", metavar="NAME", help="print one method's full option tree with its defaults"
     )
     lst.set_defaults(func=cmd_list)
+
+    tab = sub.add_parser(
+        "table", help="one scoreboard per regime from several run directories on the same clients"
+    )
+    tab.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories to merge")
+    tab.add_argument("--markdown", action="store_true", help="print GitHub Markdown tables")
+    tab.add_argument("--frontier", metavar="PNG", help="also plot accuracy against total bytes")
+    tab.set_defaults(func=cmd_table)
 
     aud = sub.add_parser("audit", help="score privacy attacks on a run's recorded observations")
     aud.add_argument("run_dir", metavar="RUN_DIR", help="a run directory recorded with audit=[...]")

@@ -1,0 +1,99 @@
+"""One scoreboard from several run directories (``osfl table``).
+
+A comparison is often run in parts: the shared baselines in one run, a new
+peer in another, a variant of it in a third, all on the same clients (the
+client cache makes that one client training). This module merges their
+records into one table per regime (:func:`osfl.report.by_regime`: numbers of
+different regimes are never ranked together) and refuses to merge runs whose
+clients differ, because then their numbers are not a comparison.
+
+Two runs of the same method with different options (e.g. FuseFL's
+``classifier``) become separate rows, labelled by the options that differ.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from osfl.errors import DataError
+from osfl.report import read_metrics
+
+__all__ = ["merge_runs", "variant_labels"]
+
+
+def _flat(tree: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"a": {"b": 1, "c": "x"}}`` -> ``{"a.b": "1", "a.c": "x"}`` (non-strings as JSON)."""
+    out: dict[str, str] = {}
+    for k, v in tree.items():
+        if isinstance(v, Mapping):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+    return out
+
+
+def variant_labels(configs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """For option trees of one method, the ``key=value`` list of the options in
+    which each differs from the others ("" when they are all equal)."""
+    flats = [_flat(c) for c in configs]
+    keys = sorted({k for f in flats for k in f})
+    differ = [k for k in keys if len({f.get(k) for f in flats}) > 1]
+    return [", ".join(f"{k}={f.get(k, '—')}" for k in differ) for f in flats]
+
+
+def _clients_key(record: Mapping[str, Any]) -> str | None:
+    part = record.get("partition")
+    return str(part.get("key")) if isinstance(part, Mapping) and "key" in part else None
+
+
+def merge_runs(run_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
+    """The records of every run, with ``method`` relabelled where one method ran
+    with different options across the runs, checked to share their clients.
+
+    Raises :class:`DataError` (one line) for a directory without a readable
+    ``metrics.json``, or when two runs split the data differently at the same
+    grid point and seed."""
+    records: list[dict[str, Any]] = []
+    for d in run_dirs:
+        path = Path(d) / "metrics.json"
+        if not path.is_file():
+            raise DataError(f"{d}: not an osfl run directory (no metrics.json)")
+        for r in read_metrics(path)["records"]:
+            records.append({**r, "_run": str(d)})
+    clients: dict[tuple[str, int], tuple[str, str]] = {}
+    for r in records:
+        key = _clients_key(r)
+        if key is None:
+            continue
+        where = (str(r.get("point", "")), int(r["seed"]))
+        seen = clients.setdefault(where, (key, r["_run"]))
+        if seen[0] != key:
+            point = f"grid point {where[0]!r}, " if where[0] else ""
+            raise DataError(
+                f"{seen[1]} and {r['_run']} split the data differently ({point}seed {where[1]}): "
+                "their numbers are not on the same clients, so they are not one scoreboard"
+            )
+    by_method: dict[str, list[dict[str, Any]]] = {}
+    for r in records:
+        by_method.setdefault(r["method"], []).append(r)
+    for method, recs in by_method.items():
+        distinct: dict[str, Mapping[str, Any]] = {}
+        for r in recs:
+            cfg = r.get("method_config") or {}
+            distinct.setdefault(json.dumps(cfg, sort_keys=True), cfg)
+        if len(distinct) < 2:
+            continue
+        labels = dict(zip(distinct, variant_labels(list(distinct.values())), strict=True))
+        for r in recs:
+            label = labels[json.dumps(r.get("method_config") or {}, sort_keys=True)]
+            r["method"] = f"{method} ({label})"
+    points = {p: i for i, p in enumerate(dict.fromkeys(str(r.get("point", "")) for r in records))}
+    records.sort(
+        key=lambda r: points[str(r.get("point", ""))]
+    )  # stable: a grid point's rows together
+    for r in records:
+        del r["_run"]
+    return records

@@ -1,0 +1,85 @@
+"""``osfl table``: several run directories on the same clients merged into one
+scoreboard per regime; variants of one method labelled; different clients refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from osfl.cli import main
+from osfl.errors import DataError
+from osfl.scoreboard import merge_runs, variant_labels
+
+
+def _record(method: str, seed: int, acc: float, *, regime="scratch", key="k0", **cfg) -> dict:
+    return {
+        "method": method,
+        "seed": seed,
+        "point": "partition.alpha=0.1",
+        "regime": regime,
+        "global_test_accuracy": acc,
+        "bytes_up": 1000,
+        "bytes_down": 1000,
+        "method_config": cfg,
+        "partition": {"key": f"{key}-{seed}", "scheme": "dirichlet"},
+    }
+
+
+def _run(root: Path, name: str, records: list[dict]) -> Path:
+    d = root / name
+    d.mkdir()
+    (d / "metrics.json").write_text(json.dumps({"schema_version": 1, "records": records}))
+    return d
+
+
+def test_variant_labels_name_only_the_options_that_differ():
+    a = {"blocks": 2, "classifier": "average", "opt": {"lr": 0.1}}
+    b = {"blocks": 2, "classifier": "heads", "opt": {"lr": 0.01}}
+    assert variant_labels([a, b]) == [
+        "classifier=average, opt.lr=0.1",
+        "classifier=heads, opt.lr=0.01",
+    ]
+    assert variant_labels([a, dict(a)]) == ["", ""]
+
+
+def test_merge_relabels_variants_and_keeps_a_grid_point_together(tmp_path):
+    r1 = _run(
+        tmp_path,
+        "a",
+        [_record("fedavg", 0, 0.2), _record("fusefl", 0, 0.25, classifier="average")],
+    )
+    r2 = _run(tmp_path, "b", [_record("fusefl", 0, 0.3, classifier="heads")])
+    merged = merge_runs([r1, r2])
+    assert [r["method"] for r in merged] == [
+        "fedavg",
+        "fusefl (classifier=average)",
+        "fusefl (classifier=heads)",
+    ]
+    assert all("_run" not in r for r in merged)
+
+
+def test_runs_on_different_clients_are_refused(tmp_path):
+    r1 = _run(tmp_path, "a", [_record("fedavg", 0, 0.2, key="x")])
+    r2 = _run(tmp_path, "b", [_record("ensemble", 0, 0.3, key="y")])
+    with pytest.raises(DataError, match="split the data differently"):
+        merge_runs([r1, r2])
+
+
+def test_cli_prints_one_table_per_regime(tmp_path, capsys):
+    r1 = _run(tmp_path, "a", [_record("fedavg", 0, 0.2), _record("fedavg", 1, 0.4, key="k0")])
+    r2 = _run(tmp_path, "b", [_record("fedcgs", 0, 0.6, regime="frozen_encoder")])
+    assert main(["table", str(r1), str(r2), "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("## regime `scratch`") == 1 and out.count("## regime `frozen_encoder`") == 1
+    scratch, frozen = out.split("## regime `frozen_encoder`")
+    assert "30.00 ± 14.14" in scratch and "fedcgs" not in scratch  # never ranked together
+    assert "60.00" in frozen and "fedavg" not in frozen
+
+
+def test_cli_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["table", str(tmp_path)])
+    assert e.value.code == 2
+    assert "not an osfl run directory" in capsys.readouterr().err
