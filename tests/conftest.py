@@ -32,6 +32,20 @@ TINY = [
 ]
 
 
+@pytest.fixture(scope="session")
+def digits_with_aux() -> tuple[Any, Any]:
+    """Digits at 16 px (3 channels): the train set, and 15 test images per class
+    as the label attacks' auxiliary set."""
+    import numpy as np
+
+    from osfl.data.sources import load_data
+
+    d = load_data("digits", image_size=16, channels=3)
+    y = d.test.labels.numpy()
+    aux = d.test.subset(np.concatenate([np.flatnonzero(y == c)[:15] for c in range(10)]))
+    return d.train, aux
+
+
 @pytest.fixture(scope="module")
 def tiny_data() -> tuple[Any, DataSplits]:
     cfg = load_config(None, [*TINY, "cache_dir=null"])

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 import torch
 
-from osfl.data.sources import load_data
 from osfl.errors import ConfigError, OsflError
 from osfl.fl.observation import Observation
 from osfl.fl.train_config import TrainConfig
@@ -39,11 +38,8 @@ K = 10
 
 # ------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module")
-def digits():
-    d = load_data("digits", image_size=16, channels=3)
-    y = d.test.labels.numpy()
-    aux = d.test.subset(np.concatenate([np.flatnonzero(y == c)[:15] for c in range(K)]))
-    return d.train, aux
+def digits(digits_with_aux):
+    return digits_with_aux
 
 
 def _model(act: str = "relu", seed: int = 0) -> torch.nn.Module:

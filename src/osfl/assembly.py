@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from osfl.config import ExperimentConfig, method_config
+from osfl.config import ExperimentConfig, method_config, method_train_config
 from osfl.convergence import convergence
 from osfl.data.federation import Federation
 from osfl.data.imageset import DataSplits, ImageSet
@@ -119,6 +119,9 @@ def method_names(cfg: ExperimentConfig) -> list[str]:
         METHODS.get(n)  # unknown -> ConfigError listing the valid ones
     for n, overrides in cfg.method.items():  # bad options fail now, not after hours of training
         method_config(METHODS.get(n), overrides)
+    for n in cfg.method_train:
+        METHODS.get(n)
+        method_train_config(cfg, n)
     return [n.lower() for n in names]
 
 
@@ -388,11 +391,18 @@ def build_evaluator(cfg: ExperimentConfig, ctx: SeedContext) -> Callable[[Any], 
     return score
 
 
+def method_run(cfg: ExperimentConfig, name: str, run: RunContext) -> RunContext:
+    """``run`` with method ``name``'s local-training recipe (``method_train``)."""
+    train = method_train_config(cfg, name)
+    return run if train == run.train else dataclasses.replace(run, train=train)
+
+
 def build_job(cfg: ExperimentConfig, name: str, ctx: SeedContext) -> Job:
     """Method ``name`` × the seed of ``ctx``, ready for a runtime."""
+    run = method_run(cfg, name, ctx.run)
     return Job(
-        method=build_method(cfg, name, ctx.run),
-        run=ctx.run,
+        method=build_method(cfg, name, run),
+        run=run,
         clients=PartitionedData(ctx.splits.train, ctx.federation),
         seed=ctx.run.seed,
         evaluator=build_evaluator(cfg, ctx),
@@ -456,6 +466,8 @@ def run_record(
         # torch threads each client trained with ("auto" resolved; null: not pinned)
         "threads_per_client": cfg.threads_per_client,
         "method_config": dataclasses.asdict(job.method.config),
+        # the local-training recipe this method ran with (train + method_train)
+        "train": dataclasses.asdict(job.run.train),
         "rounds": len(result.rounds),
         **m,
         "bytes_up": result.bytes_up,

@@ -121,6 +121,10 @@ class ExperimentConfig:
     methods: list[str] = field(default_factory=list)
     # Per-method overrides of the method's Config: {name: {key: value}}.
     method: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # Per-method overrides of the local-training recipe, on top of `train`:
+    # {name: {key: value}}, e.g. {eftvit: {lr: 1.0e-5}} where one method needs another
+    # learning rate than its baselines (method_train_config).
+    method_train: dict[str, dict[str, Any]] = field(default_factory=dict)
     seeds: list[int] = field(default_factory=lambda: [0])
     # Grid axes, each "key=v1,v2" (as `osfl run --sweep`, which adds to / replaces them).
     sweep: list[str] = field(default_factory=list)
@@ -385,6 +389,29 @@ def method_config(method_cls: type, overrides: Mapping[str, Any] | None = None) 
         raise ConfigError(f"method.{name}.{key}: {str(e).splitlines()[0]}") from e
     except (TypeError, ValueError) as e:  # ConfigError included: the Config's own checks
         raise ConfigError(f"method.{name}: {e}") from e
+
+
+def method_train_config(cfg: ExperimentConfig, name: str) -> TrainConfig:
+    """The local-training recipe of method ``name``: ``cfg.train`` with
+    ``cfg.method_train[name]`` on top (unknown keys and bad values name their
+    dotted key ``method_train.<name>.<key>``)."""
+    overrides = cfg.method_train.get(name)
+    if not overrides:
+        return cfg.train
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(cfg.train), dict(overrides))
+        return OmegaConf.to_object(node)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", "") or ""
+        if isinstance(e, ConfigKeyError | AttributeError) or "not in" in str(e):
+            valid = ", ".join(f.name for f in dataclasses.fields(TrainConfig))
+            leaf = key.rsplit(".", 1)[-1]
+            raise ConfigError(
+                f"unknown option {leaf!r} in method_train.{name}; valid: {valid}"
+            ) from e
+        raise ConfigError(f"method_train.{name}.{key}: {str(e).splitlines()[0]}") from e
+    except (TypeError, ValueError) as e:  # the TrainConfig's own checks
+        raise ConfigError(f"method_train.{name}: {e}") from e
 
 
 def config_tree(config_cls: type) -> str:

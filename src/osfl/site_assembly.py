@@ -89,7 +89,7 @@ def site_client_job(
 ) -> Job:
     """Site ``client``'s job: its own train data (``data``) and test data
     (``test_data``, default the test split of ``data``)."""
-    run = site_run(cfg, seed)
+    run = assembly.method_run(cfg, name, site_run(cfg, seed))
     own = _load(cfg, data, run.classes, f"site {client} data {data!r}")
     test = (
         _load(cfg, test_data, run.classes, f"site {client} test data").test
@@ -117,7 +117,7 @@ def site_server_job(
 ) -> Job:
     """The server's job: no client data; evaluation on ``server_test`` when
     given, else at the sites (the method must be able to release its model)."""
-    run = site_run(cfg, seed, progress)
+    run = assembly.method_run(cfg, name, site_run(cfg, seed, progress))
     method = assembly.build_method(cfg, name, run)
     evaluator: Any = None
     if server_test:
