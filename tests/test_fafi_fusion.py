@@ -135,3 +135,32 @@ def test_bad_construction_is_refused() -> None:
     bad = IFFIPredictor(list(pred.extractors), torch.randn(2, 3), fusion="average")
     with pytest.raises(ValueError, match="dimension"):
         bad(x)
+
+
+def test_median_fusion_resists_one_hostile_extractor() -> None:
+    """Three honest extractors and one boosted, sign-flipped one: the mean is
+    dragged to the wrong class, the coordinate-wise median is not."""
+    from osfl.methods.fafi.fusion import median_prototypes
+
+    honest = [_linear([[1.0, 0.0], [0.0, 1.0]]), _linear([[1.1, 0.0], [0.0, 0.9]])]
+    honest.append(_linear([[0.9, 0.1], [0.0, 1.0]]))
+    hostile = _linear([[-100.0, 0.0], [0.0, 100.0]])
+    protos = [torch.tensor([[1.0, 0.0], [0.0, 1.0]])] * 3 + [torch.tensor([[1.0, 0.0], [0, 50]])]
+    x = torch.tensor([[[[1.0, 0.1]]]])  # class 0 for every honest extractor
+    median = IFFIPredictor([*honest, hostile], median_prototypes(protos), fusion="median")
+    mean = IFFIPredictor([*honest, hostile], global_prototypes(protos), fusion="average")
+    assert median(x).argmax(1).item() == 0 and mean(x).argmax(1).item() == 1
+    fused = median.fused_features(x)[0]
+    honest_feats = torch.stack([e(x)[0] for e in honest])
+    assert bool((fused >= honest_feats.min(0).values).all() and (fused <= 100).all())
+
+
+def test_median_prototypes_skip_classes_a_client_lacks() -> None:
+    from osfl.methods.fafi.fusion import median_prototypes
+
+    a = torch.tensor([[1.0, 2.0], [0.0, 0.0]])  # client a holds class 0 only
+    b = torch.tensor([[3.0, 4.0], [5.0, 6.0]])
+    c = torch.tensor([[2.0, 0.0], [0.0, 0.0]])
+    p = median_prototypes([a, b, c])
+    assert torch.equal(p, torch.tensor([[2.0, 2.0], [5.0, 6.0]]))
+    assert torch.equal(median_prototypes([torch.zeros(1, 2)] * 2), torch.zeros(1, 2))

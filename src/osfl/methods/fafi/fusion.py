@@ -18,6 +18,10 @@ row and Table 3's IFFI-off ablation); other noise parameters are the other
 rows of Table 9. ``fusion="data_size"`` weights client m by its share of the
 training samples, the public code's ``WEnsembleFeature`` (with
 ``aggregated_by_datasize``), which is what its evaluation actually runs.
+``fusion="median"`` (not in the paper) is the robust variant: the
+coordinate-wise median of the clients' features and of their prototypes, so
+one hostile extractor (sign-flipped or boosted weights that pass every
+screen) moves neither far (docs/robustness.md).
 
 Scoring (``SCORINGS``): ``cosine`` is Eq. 10; ``unit_feature`` is the public
 code's ``eval_with_proto``: the normalised fused feature · the *raw* mean
@@ -37,7 +41,7 @@ from torch import nn
 from osfl.errors import ConfigError
 from osfl.fl.method import Predictor
 
-FUSIONS = ("iffi", "average", "data_size")
+FUSIONS = ("iffi", "average", "data_size", "median")
 SCORINGS = ("cosine", "unit_feature")
 
 
@@ -46,6 +50,22 @@ def global_prototypes(prototypes: Sequence[torch.Tensor]) -> torch.Tensor:
     if not prototypes:
         raise ValueError("no client prototypes to aggregate")
     return torch.stack([p.float() for p in prototypes]).mean(0)
+
+
+def median_prototypes(prototypes: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per class, the coordinate-wise median over the clients whose row is
+    non-zero (a class no client holds keeps a zero row): ``fusion="median"``."""
+    if not prototypes:
+        raise ValueError("no client prototypes to aggregate")
+    stack = torch.stack([p.float() for p in prototypes])  # M×C×D
+    present = stack.abs().sum(-1) > 0  # M×C
+    rows = [
+        torch.quantile(stack[present[:, c], c], 0.5, dim=0)
+        if bool(present[:, c].any())
+        else stack.new_zeros(stack.shape[-1])
+        for c in range(stack.shape[1])
+    ]
+    return torch.stack(rows)
 
 
 def iffi_weights(feats: torch.Tensor, noise_feats: torch.Tensor) -> torch.Tensor:
@@ -182,8 +202,12 @@ class IFFIPredictor(Predictor):
         return self._noise_feats
 
     def fused_features(self, x: torch.Tensor) -> torch.Tensor:
-        """B×D fused features of a transformed batch (Eq. 8–9)."""
+        """B×D fused features of a transformed batch (Eq. 8–9; ``median``:
+        the coordinate-wise median over the clients)."""
         feats = self._features(x)
+        if self.fusion == "median":
+            self.last_weights = None
+            return torch.quantile(feats, 0.5, dim=0)
         weights = None
         if self.fusion == "iffi":
             weights = iffi_weights(feats, self.noise_features(x))

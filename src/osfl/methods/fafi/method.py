@@ -69,6 +69,7 @@ from osfl.methods.fafi.fusion import (
     IFFIPredictor,
     NoiseSpec,
     global_prototypes,
+    median_prototypes,
 )
 from osfl.methods.fafi.losses import DENOMINATORS, SIMILARITIES
 
@@ -479,6 +480,8 @@ class FAFI(Method):
     # --- inference -------------------------------------------------------
     def global_prototypes(self, state: dict[str, Any]) -> torch.Tensor:
         protos = [state["clients"][c]["prototypes"] for c in sorted(state["clients"])]
+        if self.config.fusion == "median":  # robust: one hostile client cannot drag a row
+            return median_prototypes(protos)
         if self.config.prototype_kind == "class_mean":
             return masked_mean_prototypes(protos)
         return global_prototypes(protos)
