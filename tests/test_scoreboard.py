@@ -67,6 +67,13 @@ def test_runs_on_different_clients_are_refused(tmp_path):
         merge_runs([r1, r2])
 
 
+def test_the_same_seed_of_a_row_in_two_runs_is_refused(tmp_path):
+    r1 = _run(tmp_path, "a", [_record("fedavg", 0, 0.2)])
+    r2 = _run(tmp_path, "b", [_record("fedavg", 0, 0.3)])
+    with pytest.raises(DataError, match="both hold fedavg seed 0"):
+        merge_runs([r1, r2])
+
+
 def test_cli_prints_one_table_per_regime(tmp_path, capsys):
     r1 = _run(tmp_path, "a", [_record("fedavg", 0, 0.2), _record("fedavg", 1, 0.4, key="k0")])
     r2 = _run(tmp_path, "b", [_record("fedcgs", 0, 0.6, regime="frozen_encoder")])

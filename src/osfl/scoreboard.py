@@ -54,8 +54,8 @@ def merge_runs(run_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
     with different options across the runs, checked to share their clients.
 
     Raises :class:`DataError` (one line) for a directory without a readable
-    ``metrics.json``, or when two runs split the data differently at the same
-    grid point and seed."""
+    ``metrics.json``, when two runs split the data differently at the same
+    grid point and seed, or when two runs hold the same row's same seed."""
     records: list[dict[str, Any]] = []
     for d in run_dirs:
         path = Path(d) / "metrics.json"
@@ -90,6 +90,16 @@ def merge_runs(run_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
         for r in recs:
             label = labels[json.dumps(r.get("method_config") or {}, sort_keys=True)]
             r["method"] = f"{method} ({label})"
+    owner: dict[tuple[str, str, int], str] = {}
+    for r in records:  # one number per (grid point, row, seed), or the mean would count it twice
+        cell = (str(r.get("point", "")), r["method"], int(r["seed"]))
+        first = owner.setdefault(cell, r["_run"])
+        if first != r["_run"]:
+            raise DataError(
+                f"{first} and {r['_run']} both hold {cell[1]} seed {cell[2]}"
+                + (f" at {cell[0]!r}" if cell[0] else "")
+                + ": pass only one of them"
+            )
     points = {p: i for i, p in enumerate(dict.fromkeys(str(r.get("point", "")) for r in records))}
     records.sort(
         key=lambda r: points[str(r.get("point", ""))]
