@@ -150,7 +150,7 @@ def test_code_variant_is_registered_with_the_codes_recipe() -> None:
         ({"proto_similarity": "unit_feature"}, "needs proto_denominator='all'"),
         ({"proto_similarity": "l1", "proto_denominator": "all"}, "proto_similarity must be"),
         ({"scoring": "dot"}, "scoring must be one of"),
-        ({"fusion": "median"}, "fusion must be one of"),
+        ({"fusion": "max"}, "fusion must be one of"),
         ({"crop_scale": [0.5, 0.2]}, "crop_scale"),
         ({"crop_scale": [0.0, 1.0]}, "crop_scale"),
         ({"ssl_tau": 0.0}, "ssl_tau must be > 0"),
