@@ -60,6 +60,13 @@ def test_merge_relabels_variants_and_keeps_a_grid_point_together(tmp_path):
     assert all("_run" not in r for r in merged)
 
 
+def test_a_method_trained_with_another_recipe_is_its_own_row(tmp_path):
+    a = {**_record("eftvit", 0, 0.5), "train": {"lr": 0.0003, "epochs": 1}}
+    b = {**_record("eftvit", 0, 0.6), "train": {"lr": 1e-05, "epochs": 1}}
+    merged = merge_runs([_run(tmp_path, "a", [a]), _run(tmp_path, "b", [b])])
+    assert [r["method"] for r in merged] == ["eftvit (train.lr=0.0003)", "eftvit (train.lr=1e-05)"]
+
+
 def test_runs_on_different_clients_are_refused(tmp_path):
     r1 = _run(tmp_path, "a", [_record("fedavg", 0, 0.2, key="x")])
     r2 = _run(tmp_path, "b", [_record("ensemble", 0, 0.3, key="y")])

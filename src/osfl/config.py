@@ -368,27 +368,35 @@ def options_config(cls: type, spec: Mapping[str, Any], key: str) -> Any:
     return cls(**dict(spec))
 
 
-def method_config(method_cls: type, overrides: Mapping[str, Any] | None = None) -> Any:
-    """Build ``method_cls.Config`` with ``overrides`` (nested configs take nested
-    mappings, e.g. ``{"distill": {"lr": 0.01}}``); an unknown key at any level
-    lists the valid keys of that level, a bad value names its dotted key."""
-    cfg_cls = method_cls.Config
-    name = getattr(method_cls, "name", method_cls.__name__)
-    schema = OmegaConf.structured(cfg_cls)
+def _merge_options(
+    schema: DictConfig, overrides: Mapping[str, Any] | None, prefix: str, top: str
+) -> Any:
+    """``schema`` with ``overrides`` merged, as its dataclass. An unknown key at
+    any level lists the valid keys of that level (``top`` says where a
+    top-level key was unknown); a bad value names its dotted key under
+    ``prefix``; the dataclass's own checks are prefixed too."""
     try:
-        node = OmegaConf.merge(schema, dict(overrides or {}))
-        return OmegaConf.to_object(node)
+        return OmegaConf.to_object(OmegaConf.merge(schema, dict(overrides or {})))
     except OmegaConfBaseException as e:
         key = getattr(e, "full_key", "") or ""
         if isinstance(e, ConfigKeyError | AttributeError) or "not in" in str(e):
             parent = key.rsplit(".", 1)[0] if "." in key else ""
-            where = f"in method.{name}.{parent}" if parent else f"for method {name!r}"
+            where = f"in {prefix}.{parent}" if parent else top
             valid = ", ".join(_valid_keys(schema, key)) or "(none)"
             leaf = key.rsplit(".", 1)[-1]
             raise ConfigError(f"unknown option {leaf!r} {where}; valid: {valid}") from e
-        raise ConfigError(f"method.{name}.{key}: {str(e).splitlines()[0]}") from e
-    except (TypeError, ValueError) as e:  # ConfigError included: the Config's own checks
-        raise ConfigError(f"method.{name}: {e}") from e
+        raise ConfigError(f"{prefix}.{key}: {str(e).splitlines()[0]}") from e
+    except (TypeError, ValueError) as e:  # ConfigError included: the dataclass's own checks
+        raise ConfigError(f"{prefix}: {e}") from e
+
+
+def method_config(method_cls: type, overrides: Mapping[str, Any] | None = None) -> Any:
+    """Build ``method_cls.Config`` with ``overrides`` (nested configs take nested
+    mappings, e.g. ``{"distill": {"lr": 0.01}}``); an unknown key at any level
+    lists the valid keys of that level, a bad value names its dotted key."""
+    name = getattr(method_cls, "name", method_cls.__name__)
+    schema = OmegaConf.structured(method_cls.Config)
+    return _merge_options(schema, overrides, f"method.{name}", f"for method {name!r}")
 
 
 def method_train_config(cfg: ExperimentConfig, name: str) -> TrainConfig:
@@ -398,20 +406,8 @@ def method_train_config(cfg: ExperimentConfig, name: str) -> TrainConfig:
     overrides = cfg.method_train.get(name)
     if not overrides:
         return cfg.train
-    try:
-        node = OmegaConf.merge(OmegaConf.structured(cfg.train), dict(overrides))
-        return OmegaConf.to_object(node)
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", "") or ""
-        if isinstance(e, ConfigKeyError | AttributeError) or "not in" in str(e):
-            valid = ", ".join(f.name for f in dataclasses.fields(TrainConfig))
-            leaf = key.rsplit(".", 1)[-1]
-            raise ConfigError(
-                f"unknown option {leaf!r} in method_train.{name}; valid: {valid}"
-            ) from e
-        raise ConfigError(f"method_train.{name}.{key}: {str(e).splitlines()[0]}") from e
-    except (TypeError, ValueError) as e:  # the TrainConfig's own checks
-        raise ConfigError(f"method_train.{name}: {e}") from e
+    schema = OmegaConf.structured(cfg.train)
+    return _merge_options(schema, overrides, f"method_train.{name}", f"in method_train.{name}")
 
 
 def config_tree(config_cls: type) -> str:

@@ -8,7 +8,8 @@ different regimes are never ranked together) and refuses to merge runs whose
 clients differ, because then their numbers are not a comparison.
 
 Two runs of the same method with different options (e.g. FuseFL's
-``classifier``) become separate rows, labelled by the options that differ.
+``classifier``) or training recipes (``method_train``) become separate rows,
+labelled by what differs.
 """
 
 from __future__ import annotations
@@ -44,14 +45,66 @@ def variant_labels(configs: Sequence[Mapping[str, Any]]) -> list[str]:
     return [", ".join(f"{k}={f.get(k, '—')}" for k in differ) for f in flats]
 
 
-def _clients_key(record: Mapping[str, Any]) -> str | None:
-    part = record.get("partition")
-    return str(part.get("key")) if isinstance(part, Mapping) and "key" in part else None
+def _variant_tree(record: Mapping[str, Any]) -> dict[str, Any]:
+    """What makes two records of one method different runs of it: its options
+    and, where recorded, its local-training recipe (``train``)."""
+    tree = dict(record.get("method_config") or {})
+    if "train" in record:
+        tree["train"] = record["train"]
+    return tree
+
+
+def _check_same_clients(records: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse runs whose partition keys differ at one grid point and seed."""
+    clients: dict[tuple[str, int], tuple[str, str]] = {}
+    for r in records:
+        part = r.get("partition")
+        if not (isinstance(part, Mapping) and "key" in part):
+            continue
+        where = (str(r.get("point", "")), int(r["seed"]))
+        key, run = clients.setdefault(where, (str(part["key"]), r["_run"]))
+        if key != str(part["key"]):
+            point = f"grid point {where[0]!r}, " if where[0] else ""
+            raise DataError(
+                f"{run} and {r['_run']} split the data differently ({point}seed {where[1]}): "
+                "their numbers are not on the same clients, so they are not one scoreboard"
+            )
+
+
+def _label_variants(records: Sequence[dict[str, Any]]) -> None:
+    """Rename ``method`` to ``method (key=value, ...)`` where one method ran in
+    more than one variant (:func:`_variant_tree`)."""
+    by_method: dict[str, list[tuple[str, dict[str, Any]]]] = {}
+    for r in records:
+        by_method.setdefault(r["method"], []).append(
+            (json.dumps(_variant_tree(r), sort_keys=True), r)
+        )
+    for method, recs in by_method.items():
+        distinct = {key: _variant_tree(r) for key, r in recs}
+        if len(distinct) < 2:
+            continue
+        labels = dict(zip(distinct, variant_labels(list(distinct.values())), strict=True))
+        for key, r in recs:
+            r["method"] = f"{method} ({labels[key]})"
+
+
+def _check_one_owner(records: Sequence[Mapping[str, Any]]) -> None:
+    """One number per (grid point, row, seed), or the mean would count it twice."""
+    owner: dict[tuple[str, str, int], str] = {}
+    for r in records:
+        cell = (str(r.get("point", "")), r["method"], int(r["seed"]))
+        first = owner.setdefault(cell, r["_run"])
+        if first != r["_run"]:
+            at = f" at {cell[0]!r}" if cell[0] else ""
+            raise DataError(
+                f"{first} and {r['_run']} both hold {cell[1]} seed {cell[2]}{at}: "
+                "pass only one of them"
+            )
 
 
 def merge_runs(run_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
     """The records of every run, with ``method`` relabelled where one method ran
-    with different options across the runs, checked to share their clients.
+    in several variants across the runs, a grid point's rows together.
 
     Raises :class:`DataError` (one line) for a directory without a readable
     ``metrics.json``, when two runs split the data differently at the same
@@ -61,49 +114,12 @@ def merge_runs(run_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
         path = Path(d) / "metrics.json"
         if not path.is_file():
             raise DataError(f"{d}: not an osfl run directory (no metrics.json)")
-        for r in read_metrics(path)["records"]:
-            records.append({**r, "_run": str(d)})
-    clients: dict[tuple[str, int], tuple[str, str]] = {}
-    for r in records:
-        key = _clients_key(r)
-        if key is None:
-            continue
-        where = (str(r.get("point", "")), int(r["seed"]))
-        seen = clients.setdefault(where, (key, r["_run"]))
-        if seen[0] != key:
-            point = f"grid point {where[0]!r}, " if where[0] else ""
-            raise DataError(
-                f"{seen[1]} and {r['_run']} split the data differently ({point}seed {where[1]}): "
-                "their numbers are not on the same clients, so they are not one scoreboard"
-            )
-    by_method: dict[str, list[dict[str, Any]]] = {}
-    for r in records:
-        by_method.setdefault(r["method"], []).append(r)
-    for method, recs in by_method.items():
-        distinct: dict[str, Mapping[str, Any]] = {}
-        for r in recs:
-            cfg = r.get("method_config") or {}
-            distinct.setdefault(json.dumps(cfg, sort_keys=True), cfg)
-        if len(distinct) < 2:
-            continue
-        labels = dict(zip(distinct, variant_labels(list(distinct.values())), strict=True))
-        for r in recs:
-            label = labels[json.dumps(r.get("method_config") or {}, sort_keys=True)]
-            r["method"] = f"{method} ({label})"
-    owner: dict[tuple[str, str, int], str] = {}
-    for r in records:  # one number per (grid point, row, seed), or the mean would count it twice
-        cell = (str(r.get("point", "")), r["method"], int(r["seed"]))
-        first = owner.setdefault(cell, r["_run"])
-        if first != r["_run"]:
-            raise DataError(
-                f"{first} and {r['_run']} both hold {cell[1]} seed {cell[2]}"
-                + (f" at {cell[0]!r}" if cell[0] else "")
-                + ": pass only one of them"
-            )
+        records += [{**r, "_run": str(d)} for r in read_metrics(path)["records"]]
+    _check_same_clients(records)
+    _label_variants(records)
+    _check_one_owner(records)
     points = {p: i for i, p in enumerate(dict.fromkeys(str(r.get("point", "")) for r in records))}
-    records.sort(
-        key=lambda r: points[str(r.get("point", ""))]
-    )  # stable: a grid point's rows together
+    records.sort(key=lambda r: points[str(r.get("point", ""))])  # stable
     for r in records:
         del r["_run"]
     return records

@@ -34,10 +34,21 @@ from osfl.privacy.label_recovery.llg import AuxStatsConfig, aux_softmax_features
 from osfl.privacy.label_recovery.simplex_lsq import largest_remainder
 
 
+def zlg_estimate(g: np.ndarray, p_mean: np.ndarray, o_mean: Any, total: int) -> np.ndarray:
+    """``N_j ≈ total·p̄_j − g_j/Ō``, unrounded; ``p_mean`` (K,) or one row per
+    step (T×K) with ``o_mean`` a number or T×1 (broadcast, as ZLG+FedAvg uses it)."""
+    o = np.asarray(o_mean, dtype=np.float64)
+    return total * p_mean - g / np.where(o == 0.0, 1e-12, o)
+
+
+def round_counts(estimate: np.ndarray, total: int) -> np.ndarray:
+    """An estimate clipped at 0 and rounded to ``total`` labels (largest remainder)."""
+    return largest_remainder(np.clip(estimate, 0.0, None), total)
+
+
 def zlg_counts(g: np.ndarray, p_mean: np.ndarray, o_mean: float, total: int) -> np.ndarray:
     """``N_j = total·p̄_j − g_j/Ō``, clipped at 0 and rounded to ``total`` labels."""
-    est = total * p_mean - g / (o_mean if o_mean != 0 else 1e-12)
-    return largest_remainder(np.clip(est, 0.0, None), total)
+    return round_counts(zlg_estimate(g, p_mean, o_mean, total), total)
 
 
 @register_attack("zlg+")

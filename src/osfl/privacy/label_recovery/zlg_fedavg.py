@@ -32,7 +32,6 @@ no momentum or scheme correction, as published.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,15 +42,15 @@ from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
 from osfl.privacy.label_recovery.base import AttackInputs, LabelAttack, Transform, register_attack
 from osfl.privacy.label_recovery.llg import AuxStatsConfig
-from osfl.privacy.label_recovery.simplex_lsq import largest_remainder
+from osfl.privacy.label_recovery.zlg import round_counts, zlg_estimate
 
 Stats = tuple[np.ndarray, float]  # p̄ (K,) and Ō of the auxiliary set under one model
 
-#: Which models the statistics of step 0 and step T come from (see the module docstring).
-INTERPOLATIONS: dict[str, Callable[[Stats, Stats], tuple[Stats, Stats]]] = {
-    "steps": lambda start, end: (start, end),
-    "start": lambda start, end: (start, start),
-    "end": lambda start, end: (end, end),
+#: Which model's statistics stand at step 0 and at step T (see the module docstring).
+INTERPOLATIONS: dict[str, tuple[str, str]] = {
+    "steps": ("global", "local"),
+    "start": ("global", "global"),
+    "end": ("local", "local"),
 }
 
 
@@ -97,11 +96,10 @@ def interpolated_counts(
     """Mean over the ``steps`` local steps of ``total·p̄(t) − g/Ō(t)``, with
     ``p̄(t)``, ``Ō(t)`` linear from the start (t = 0) towards the end model
     (t/T for t < T, as the public code's ``arange(0, 1, 1/T)``); unrounded."""
-    t = np.arange(steps, dtype=np.float64) / steps
-    p = (1.0 - t)[:, None] * p_start[None, :] + t[:, None] * p_end[None, :]
+    t = np.arange(steps, dtype=np.float64)[:, None] / steps  # T×1
+    p = (1.0 - t) * p_start[None, :] + t * p_end[None, :]
     o = (1.0 - t) * o_start + t * o_end
-    o = np.where(o == 0.0, 1e-12, o)
-    return (total * p - g[None, :] / o[:, None]).mean(axis=0)
+    return zlg_estimate(g[None, :], p, o, total).mean(axis=0)
 
 
 @register_attack("zlg+fedavg")
@@ -118,12 +116,10 @@ class ZLGFedAvg(LabelAttack):
         device: torch.device,
     ) -> tuple[np.ndarray, dict[str, Any]]:
         bn, mode = self.config.bn_stats, self.config.interpolate
-        (p0, o0), (p1, o1) = INTERPOLATIONS[mode](
-            _stats(x, "global", aux, transform, device, bn),
-            _stats(x, "local", aux, transform, device, bn),
-        )
+        start, end = INTERPOLATIONS[mode]  # aux_outputs is memoised: "global" twice costs once
+        p0, o0 = _stats(x, start, aux, transform, device, bn)
+        p1, o1 = _stats(x, end, aux, transform, device, bn)
         G_W, _ = x.gradient_surrogate()
         raw = interpolated_counts(G_W.sum(axis=1), p0, o0, p1, o1, x.total_labels, x.train.steps)
-        counts = largest_remainder(np.clip(raw, 0.0, None), x.total_labels)
         info = {"interpolate": mode, "o_start": o0, "o_end": o1, "raw": raw.tolist()}
-        return counts, info
+        return round_counts(raw, x.total_labels), info
