@@ -2,7 +2,7 @@
 
 One step = forward + cross-entropy + backward + SGD(momentum) update on random
 images, which is what a client's local training spends its time on. The
-numbers calibrate the ``cpu`` scale (DESIGN.md §6): how many images an epoch
+numbers calibrate the ``cpu`` scale (docs/design.md §6): how many images an epoch
 of local training on a 2-core machine can afford.
 
     python benchmarks/bench_train_step.py                       # defaults below

@@ -1,4 +1,4 @@
-"""Upload/Broadcast serialisation and validation (DESIGN.md §2)."""
+"""Upload/Broadcast serialisation and validation (docs/design.md §2)."""
 
 from __future__ import annotations
 

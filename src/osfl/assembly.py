@@ -5,7 +5,7 @@
 (:mod:`osfl.experiment`), the Flower apps (:mod:`osfl.flower_app`) and
 ``osfl audit`` all build through here, so a simulation run, a Flower run and
 a later audit of either see equal data, federations, models, transforms and
-methods. Data flows one way (DESIGN.md §3): this module imports the data,
+methods. Data flows one way (docs/design.md §3): this module imports the data,
 model, FL-core, method and privacy layers; none of them imports it.
 """
 

@@ -1,4 +1,4 @@
-"""The ``osfl`` command line (DESIGN.md §5).
+"""The ``osfl`` command line (docs/design.md §5).
 
     osfl run                                  # the embedded default comparison
     osfl run CONFIG.yaml [key=value ...] [--sweep key=v1,v2 ...] [--out DIR]

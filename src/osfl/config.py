@@ -1,7 +1,7 @@
 """Experiment configuration: OmegaConf structured configs built from frozen dataclasses.
 
 A run is described by one :class:`ExperimentConfig`. It is loaded in three
-layers, each overriding the previous one (DESIGN.md §5)::
+layers, each overriding the previous one (docs/design.md §5)::
 
     dataclass defaults  <-  YAML file (or the embedded default)  <-  dotted overrides
 

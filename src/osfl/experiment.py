@@ -7,7 +7,7 @@ and writes the run directory's events. Data is loaded once per config; the
 federation once per seed (its seed is the run seed unless ``partition.seed``
 pins it); the client-training cache is shared by every method and seed, so
 one-shot methods that start from the same locally trained clients train them
-once (DESIGN.md §2, §7). Every method is built and checked (``Method.check``)
+once (docs/design.md §2, §7). Every method is built and checked (``Method.check``)
 before the first client trains.
 """
 

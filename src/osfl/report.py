@@ -4,7 +4,7 @@
 One *record* per (grid point, method, seed) — the schema is documented in
 ``docs/run-directory.md``. Tables group records by grid point and method and
 report mean ± sample standard deviation over seeds, as the FL papers' tables
-do; bytes and time are reported next to accuracy (DESIGN.md §7: every result
+do; bytes and time are reported next to accuracy (docs/design.md §7: every result
 carries its cost).
 """
 

@@ -1,5 +1,5 @@
 """Data: decoded image sets in memory, their sources, batched on-device
-transforms and the in-memory batch iterator (DESIGN.md §1, §7).
+transforms and the in-memory batch iterator (docs/design.md §1, §7).
 
 ``load_data("digits")`` / ``load_data("imagefolder:<dir>", image_size=32)``
 give a :class:`DataSplits`; :class:`BatchIterator` yields uint8 batches on the

@@ -1,4 +1,4 @@
-"""The Federation contract (DESIGN.md §2): which train samples each client holds.
+"""The Federation contract (docs/design.md §2): which train samples each client holds.
 
 A :class:`Federation` is the output of :func:`osfl.data.partition.make_federation`:
 one sorted int64 index array per client into a train ImageSet, the scheme, its

@@ -1,4 +1,4 @@
-"""The ImageSet contract (DESIGN.md §2): decoded images held in memory.
+"""The ImageSet contract (docs/design.md §2): decoded images held in memory.
 
 Every data source returns a train and a test :class:`ImageSet`; partitions are
 index arrays into a train ImageSet; transforms turn a uint8 batch into floats

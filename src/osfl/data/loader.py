@@ -4,7 +4,7 @@
 The whole (client's) set is moved to the training device once as uint8
 (50,000 CIFAR images are 150 MB), and each batch is one ``index_select`` by a
 fresh seeded permutation: no worker processes, no per-sample Python, no
-host-to-device copy per step (DESIGN.md §7). Augmentation then runs on the
+host-to-device copy per step (docs/design.md §7). Augmentation then runs on the
 batch with :mod:`osfl.data.transforms`.
 """
 

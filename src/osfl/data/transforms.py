@@ -6,7 +6,7 @@ et al., 2015; colour jitter and random grayscale as in SimCLR, Chen et al.,
 works on a whole B×C×H×W float batch at once: every sample gets its own crop
 box, flip coin and jitter factors, drawn from the ``torch.Generator`` passed
 in, and the work is a handful of tensor ops, not a Python loop over samples
-(DESIGN.md §7). Random numbers are drawn on the generator's device and moved
+(docs/design.md §7). Random numbers are drawn on the generator's device and moved
 to the batch's, so a CPU generator drives a CUDA batch reproducibly.
 
 A pipeline starts with :class:`ToFloat` (uint8 -> float in [0, 1]) and ends

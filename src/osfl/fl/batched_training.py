@@ -1,7 +1,7 @@
 """Batched clients: many clients of one architecture trained as one step.
 
 One-shot methods start from N clients that train the same small model from
-the same weights on their own data (DESIGN.md §2). Trained one by one on a
+the same weights on their own data (docs/design.md §2). Trained one by one on a
 CPU, a small CNN at batch 64 spends most of each step in per-operator
 overhead, not arithmetic. Here the N models' parameters are stacked along a
 new leading dimension and every step runs the whole federation through

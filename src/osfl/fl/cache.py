@@ -1,4 +1,4 @@
-"""Content-keyed cache of locally trained client models (DESIGN.md §2, §7).
+"""Content-keyed cache of locally trained client models (docs/design.md §2, §7).
 
 Local training is the expensive part of one-shot FL that every method shares:
 one-shot FedAvg, Ensemble, FedDF [Lin et al., NeurIPS 2020], DENSE [Zhang et

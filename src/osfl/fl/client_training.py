@@ -2,7 +2,7 @@
 through the run's content-keyed :class:`~osfl.fl.cache.ClientCache`.
 
 Local training is the expensive part of one-shot FL that every method shares
-(DESIGN.md §2, §7): one-shot FedAvg, Ensemble, FedDF, DENSE, Co-Boosting,
+(docs/design.md §2, §7): one-shot FedAvg, Ensemble, FedDF, DENSE, Co-Boosting,
 DeepInversion/ADI and FedMITR all start from the same trained clients, so a
 comparison of ten methods trains each client once.
 """

@@ -1,4 +1,4 @@
-"""The Method contract (DESIGN.md §2) and its registry.
+"""The Method contract (docs/design.md §2) and its registry.
 
 A method is a small class with a template-method round loop driven by a
 runtime (simulation or Flower); it never touches the runtime itself::

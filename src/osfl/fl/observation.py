@@ -1,4 +1,4 @@
-"""What an honest-but-curious server sees of one client in one round (DESIGN.md §2).
+"""What an honest-but-curious server sees of one client in one round (docs/design.md §2).
 
 Privacy attacks consume plain, documented data rather than the simulator, as
 in breaching's ``base_attack`` [Geiping et al., "Inverting Gradients", NeurIPS

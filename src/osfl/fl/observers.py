@@ -2,7 +2,7 @@
 
 Byte accounting, privacy-audit recording and checkpoints wrap a method rather
 than live inside it, as Flower's strategy wrappers do for DP clipping and
-secure aggregation (``flwr.serverapp.strategy``; DESIGN.md §4). A runtime
+secure aggregation (``flwr.serverapp.strategy``; docs/design.md §4). A runtime
 calls the hooks of one :class:`Observer` (use :class:`Observers` to fan out to
 several) in this order::
 

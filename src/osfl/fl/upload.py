@@ -1,5 +1,5 @@
 """What crosses the network: :class:`Upload` (client -> server) and
-:class:`Broadcast` (server -> client), DESIGN.md §2.
+:class:`Broadcast` (server -> client), docs/design.md §2.
 
 A message is named tensors plus JSON-able metadata. It is serialised with
 safetensors (the metadata travels as one JSON string in the safetensors

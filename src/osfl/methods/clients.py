@@ -4,7 +4,7 @@ trained clients: FedDF, DENSE, Co-Boosting, DeepInversion, FedMITR).
 
 All of them train each client once from the *same* initial weights — a
 function of the run seed that the server broadcasts in round 0 — through the
-content-keyed client cache (DESIGN.md §2), so a comparison of many one-shot
+content-keyed client cache (docs/design.md §2), so a comparison of many one-shot
 methods trains every client exactly once. :func:`trained_client` is that
 shared step; use it (not a private copy) so that cache keys agree.
 

@@ -1,4 +1,4 @@
-"""Model registry and model families (DESIGN.md §3 ``models/``).
+"""Model registry and model families (docs/design.md §3 ``models/``).
 
 ``create_model(name, num_classes=..., **kw)`` builds any registered model;
 ``list_models()`` names them. Every model follows

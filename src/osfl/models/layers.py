@@ -1,7 +1,7 @@
 """Shared building blocks of the model families: the activation registry and
 the :class:`ImageClassifier` interface every registered model implements.
 
-The interface is what the FL methods and privacy audits rely on (DESIGN.md §2,
+The interface is what the FL methods and privacy audits rely on (docs/design.md §2,
 docs/architecture.md): ``forward_features`` gives the pooled (B, D) feature
 that prototype methods (FAFI, FedPFT) and feature uploads (EFTViT) use,
 ``get_classifier`` the last ``nn.Linear`` whose gradient RLU reads

@@ -1,7 +1,7 @@
 """Load pretrained weights from timm / DeiT / DINOv2 / Hugging Face / torchvision
 checkpoints.
 
-Nothing downloads unless asked: a checkpoint is a local file (DESIGN.md §6),
+Nothing downloads unless asked: a checkpoint is a local file (docs/design.md §6),
 or an explicit ``hf-hub:owner/name`` id (:mod:`osfl.models.hub`). What this
 module does is make a checkpoint fit the model, the way timm's
 ``checkpoint_filter_fn`` / ``resample_abs_pos_embed`` / ``adapt_input_conv``

@@ -1,6 +1,6 @@
 """What ``osfl pretrain`` trains: one frozen-dataclass tree, loaded like a run config.
 
-Layers, each overriding the previous one (as ``osfl run`` does, DESIGN.md §5)::
+Layers, each overriding the previous one (as ``osfl run`` does, docs/design.md §5)::
 
     dataclass defaults  <-  YAML file (configs/pretrain_*.yaml)  <-  dotted overrides
 

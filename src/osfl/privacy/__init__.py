@@ -1,4 +1,4 @@
-"""Privacy audits of what an honest-but-curious server sees (DESIGN.md §2, §8).
+"""Privacy audits of what an honest-but-curious server sees (docs/design.md §2, §8).
 
 - :data:`ATTACKS` / :func:`run_attack` (+ :func:`resolve_inputs`, to check an
   Observation once and share it between attacks): label recovery from an

@@ -5,7 +5,7 @@ A runtime carries one method × one seed over one federation (a :class:`Job`)
 through its rounds and returns a :class:`RunResult`. The in-process
 simulation, Flower on loopback, a Flower deployment (the ServerApp's Grid)
 and Flower's simulation engine are runtimes; nothing in a method knows which
-one carries it (DESIGN.md §1).
+one carries it (docs/design.md §1).
 """
 
 from __future__ import annotations
@@ -160,5 +160,5 @@ class Runtime(Protocol):
     name: str
 
     def execute(self, job: Job, *, observers: Sequence[Observer] = ()) -> RunResult:
-        """Run ``job``; observers see every message (DESIGN.md §2)."""
+        """Run ``job``; observers see every message (docs/design.md §2)."""
         ...

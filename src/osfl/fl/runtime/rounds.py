@@ -1,4 +1,4 @@
-"""The round loop every runtime runs (DESIGN.md §1), with the transport to the
+"""The round loop every runtime runs (docs/design.md §1), with the transport to the
 clients as its one variable part.
 
 It follows Flower's strategy template (``flwr/serverapp/strategy/strategy.py::

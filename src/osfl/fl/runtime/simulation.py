@@ -1,5 +1,5 @@
 """The in-process simulation runtime: carries a method through its rounds
-exactly as a real deployment would (DESIGN.md §1), every client in this
+exactly as a real deployment would (docs/design.md §1), every client in this
 process.
 
 The round loop is :class:`~osfl.fl.runtime.rounds.RoundLoop`, shared with the

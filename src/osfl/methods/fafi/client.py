@@ -99,7 +99,7 @@ class TwoViews(Transform):
 
     Rows ``i`` and ``B + i`` are two views of sample ``i``; every sample gets
     its own random crop/flip/jitter in each view (the public code draws one
-    per batch; DESIGN.md §8).
+    per batch; docs/design.md §8).
     """
 
     def __init__(self, base: Transform):

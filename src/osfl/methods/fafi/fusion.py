@@ -11,7 +11,7 @@ Zeng et al., ICML 2025, §4.3 and Appendix C (Algorithm 1):
 * the prediction ``argmax_c cos(F_fused, P_g,c)`` (Eq. 10).
 
 The public code's weighting is a no-op and its test images are unnormalised
-(DESIGN.md §8); here the noise is drawn once, seeded, in the *normalised*
+(docs/design.md §8); here the noise is drawn once, seeded, in the *normalised*
 input space the predictor receives, and the weights are per client and per
 sample. ``fusion="average"`` is the plain mean (the paper's Table 9 "Average"
 row and Table 3's IFFI-off ablation); other noise parameters are the other

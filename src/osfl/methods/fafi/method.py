@@ -563,7 +563,7 @@ class FAFICodeConfig(FAFIConfig):
 
 @register_method("fafi_code")
 class FAFICode(FAFI):
-    """FAFI with the public code's recipe as defaults (DESIGN.md §8: the code
+    """FAFI with the public code's recipe as defaults (docs/design.md §8: the code
     variant kept where it matters for published numbers)."""
 
     Config: ClassVar[type] = FAFICodeConfig

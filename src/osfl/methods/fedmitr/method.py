@@ -1,6 +1,6 @@
 """FedMITR as an osfl method (``fedmitr``): Algorithm 1 of Shen et al.,
-"FedMITR: Federated Model Inversion and Token Relabel"
-(``../shared/papers/000_4669eae51785a4b9.txt``).
+"Provable Sparse Inversion and Token Relabel Enhanced One-shot Federated
+Learning with ViTs" (FedMITR).
 
 Client side: exactly one-shot FedAvg's / Ensemble's (each client trains its
 ViT once through the shared client cache and uploads it), inherited from

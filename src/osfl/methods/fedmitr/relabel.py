@@ -1,6 +1,7 @@
 """Token relabel: the server objective of FedMITR (Sec. IV-B, Eq. 8).
 
-Shen et al., "FedMITR" (``../shared/papers/000_4669eae51785a4b9.txt``). On a
+Shen et al., "Provable Sparse Inversion and Token Relabel Enhanced One-shot
+Federated Learning with ViTs" (FedMITR). On a
 synthetic batch ``x`` with its inversion labels ``y`` and the kept-patch mask
 of its sparse inversion (kept = "high information density" ``x_h``, stopped
 = "low information density" ``x_l``), the server ViT ``f_S`` minimises

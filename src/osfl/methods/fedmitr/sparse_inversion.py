@@ -1,7 +1,7 @@
 """Sparse model inversion of ViT clients (FedMITR Sec. IV-A, Algorithm 1, lines 4-12).
 
-Shen et al., "FedMITR: Federated Model Inversion and Token Relabel"
-(``../shared/papers/000_4669eae51785a4b9.txt``), building on Hu et al.,
+Shen et al., "Provable Sparse Inversion and Token Relabel Enhanced One-shot Federated
+Learning with ViTs" (FedMITR), building on Hu et al.,
 "Sparse Model Inversion: Efficient Inversion of Vision Transformers for
 Data-Free Applications" (SMI, ICML 2024, code: Egg-Hu/SMI).
 

@@ -4,7 +4,7 @@ Client side: exactly one-shot FedAvg's / Ensemble's (:class:`ClientModelsMethod`
 broadcast the common initial weights, each client uploads its model trained
 through the shared client cache), so a comparison of FedAvg, Ensemble, FedDF,
 DENSE, Co-Boosting, DeepInversion, FedFTG and FedMITR trains every client once
-(DESIGN.md §2).
+(docs/design.md §2).
 
 Server side (:meth:`DistillationMethod.aggregate`): keep the client models,
 build the ensemble teacher (:class:`~osfl.methods.kd.teacher.EnsembleTeacher`)

@@ -5,7 +5,7 @@ DENSE and Co-Boosting keep every synthesised batch (``ImagePool`` with
 FedMITR's Algorithm 1 does the same (``D_S <- D_S ∪ {x̂}``, then one pass over
 ``D_S``). Unlike those codes, the pool stays in memory as float tensors in the
 *model-input space* (normalised), so there is no PNG round-trip (which would
-quantise the images) and no per-sample PIL work (DESIGN.md §7).
+quantise the images) and no per-sample PIL work (docs/design.md §7).
 
 Every sample has an image, an optional hard label (``-1`` = none) and any
 number of named per-sample extras (teacher logits, FedMITR's kept-patch

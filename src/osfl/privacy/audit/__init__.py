@@ -1,7 +1,7 @@
 """Privacy audits of a run: record what the server saw, score attacks on it.
 
 An honest-but-curious server sees, per client and round, the broadcast, the
-upload and the public training hyper-parameters (DESIGN.md §2: an
+upload and the public training hyper-parameters (docs/design.md §2: an
 :class:`~osfl.fl.observation.Observation`); for the stateful schemes it also
 knows the scheme's history (SCAFFOLD's control variates, FedDyn's gradient
 state, FedDC's drift and updates), which RLU's ``h`` term reads [Chen &

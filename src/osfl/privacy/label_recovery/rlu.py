@@ -3,7 +3,7 @@
 Chen & Vikalo, "Recovering Labels from Local Updates in Federated Learning",
 ICML 2024: §3.2 (Eqs. 6–14), §3.3 (Eq. 16, Table 1), Appendix C.1 (Alg. 1)
 and C.2 (Alg. 2). Implemented from the paper, not from its public code, which
-(DESIGN.md §8) replaces the constrained least squares by a per-class closed
+(docs/design.md §8) replaces the constrained least squares by a per-class closed
 form, passes a learning rate where the momentum belongs and has indexing
 bugs.
 

@@ -7,7 +7,7 @@ samples a client trained on by
     min_z ||A z - u||²   s.t.  z >= 0,  sum(z) = 1
 
 (the paper also writes ``z <= 1``, which the other two constraints imply).
-The RLU public code replaces this by a per-class closed form (DESIGN.md §8);
+The RLU public code replaces this by a per-class closed form (docs/design.md §8);
 we solve the constrained problem itself.
 
 Solver (:func:`simplex_lstsq`): scipy's NNLS [Lawson & Hanson 1974] on the
