@@ -74,8 +74,8 @@ def run_flower_engine(args: argparse.Namespace, out: Path) -> tuple[float, dict[
     from osfl.assembly import job_from_spec
     from osfl.config import load_config_text
     from osfl.experiment import run_experiment
-    from osfl.fl.runtime.flower_engine import FlowerEngineRuntime
-    from osfl.fl.runtime.flower_spec import JobSpec
+    from osfl.flower.engine import FlowerEngineRuntime
+    from osfl.flower.spec import JobSpec
 
     spec = JobSpec(experiment=EXPERIMENT, overrides=tuple(overrides(args)), out_dir=str(out))
     backend = {

@@ -28,9 +28,9 @@ from osfl.config import ExperimentConfig
 from osfl.fl.method import METHODS
 from osfl.fl.regimes import REGIMES, UPLOAD_KINDS
 from osfl.fl.runtime.base import RunResult
-from osfl.fl.runtime.flower_loopback import FlowerLoopbackRuntime
 from osfl.fl.runtime.simulation import SimulationRuntime
 from osfl.fl.state_codec import state_from_bytes, state_to_bytes
+from osfl.flower.loopback import FlowerLoopbackRuntime
 from smoke import smoke_config, smoke_context
 
 CHANCE_MARGIN = 0.1  # above 1/K

@@ -16,11 +16,11 @@ from osfl.config import load_config
 from osfl.errors import ConfigError, UploadError
 from osfl.fl.context import ClientContext, ClientState
 from osfl.fl.method import METHODS
-from osfl.fl.runtime.flower_loopback import FlowerLoopbackRuntime
 from osfl.fl.runtime.simulation import SimulationRuntime
 from osfl.fl.train_config import TrainConfig
 from osfl.fl.training import train_local
 from osfl.fl.upload import Upload, validate
+from osfl.flower.loopback import FlowerLoopbackRuntime
 from osfl.methods.eftvit import EFTViT, EFTViTNet, MaskedTraining, num_kept, pack_features
 from osfl.methods.eftvit.client import head_names, local_names
 from osfl.methods.peft.flops import forward_gflops

@@ -23,25 +23,25 @@ from osfl.errors import ConfigError, UploadError
 from osfl.fl.context import ClientContext, ModelSpec, RunContext
 from osfl.fl.method import Method, Predictor, sample_fraction
 from osfl.fl.progress import ProgressTask
-from osfl.fl.runtime import flower_records as rec
 from osfl.fl.runtime.base import Job, PartitionedData
-from osfl.fl.runtime.flower_client import make_client_app, partition_id
-from osfl.fl.runtime.flower_loopback import (
-    FlowerLoopbackRuntime,
-    LoopbackGrid,
-    loopback_identity,
-    wire_roundtrip,
-)
-from osfl.fl.runtime.flower_server import (
+from osfl.fl.runtime.simulation import SimulationRuntime
+from osfl.fl.train_config import TrainConfig
+from osfl.fl.upload import NUM_SAMPLES, Broadcast, TensorSpec, Upload, UploadSpec
+from osfl.flower import records as rec
+from osfl.flower.client import make_client_app, partition_id
+from osfl.flower.grid import (
     FlowerGridRuntime,
     GridTransport,
     discover_clients,
     make_server_app,
 )
-from osfl.fl.runtime.flower_spec import JobSpec, job_digest
-from osfl.fl.runtime.simulation import SimulationRuntime
-from osfl.fl.train_config import TrainConfig
-from osfl.fl.upload import NUM_SAMPLES, Broadcast, TensorSpec, Upload, UploadSpec
+from osfl.flower.loopback import (
+    FlowerLoopbackRuntime,
+    LoopbackGrid,
+    loopback_identity,
+    wire_roundtrip,
+)
+from osfl.flower.spec import JobSpec, job_digest
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -417,7 +417,7 @@ def test_experiment_server_app_writes_the_simulation_record(
     tmp_path: Path, sim_fedavg_record: dict[str, Any]
 ) -> None:
     from osfl.assembly import job_from_spec
-    from osfl.flower_app.apps import serve_experiment
+    from osfl.flower.app.apps import serve_experiment
 
     spec = JobSpec(method="fedavg", overrides=_tiny_overrides(), out_dir=str(tmp_path / "run"))
     got: list[dict[str, Any]] = []
@@ -441,7 +441,7 @@ def test_experiment_server_app_refuses_to_overwrite_a_run(tmp_path: Path) -> Non
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.json").write_text("{}")
     from osfl.assembly import job_from_spec
-    from osfl.flower_app.apps import server_app
+    from osfl.flower.app.apps import server_app
 
     spec = JobSpec(method="fedavg", overrides=_tiny_overrides(), out_dir=str(tmp_path / "run"))
     grid = LoopbackGrid(make_client_app(job_from_spec), 3, run_config=spec.to_run_config())
@@ -484,7 +484,7 @@ def test_load_experiment_reads_yaml_text_and_refuses_missing_files(tmp_path: Pat
 def test_written_app_is_a_valid_flower_app(tmp_path: Path) -> None:
     from flwr.cli.config_utils import load_and_validate
 
-    from osfl.flower_app.app_dir import main
+    from osfl.flower.app.app_dir import main
 
     assert main([str(tmp_path / "app"), "--method", "ensemble", "--seed", "2"]) == 0
     config, _ = load_and_validate(tmp_path / "app" / "pyproject.toml", check_module=True)
@@ -492,8 +492,8 @@ def test_written_app_is_a_valid_flower_app(tmp_path: Path) -> None:
     assert JobSpec.from_run_config(run_config) == JobSpec(method="ensemble", seed=2)
     comps = config["tool"]["flwr"]["app"]["components"]
     assert comps == {
-        "serverapp": "osfl.flower_app.apps:server_app",
-        "clientapp": "osfl.flower_app.apps:client_app",
+        "serverapp": "osfl.flower.app.apps:server_app",
+        "clientapp": "osfl.flower.app.apps:client_app",
     }
 
 
@@ -503,7 +503,7 @@ def test_flower_simulation_without_ray_says_what_to_install(
     import importlib.util
 
     from osfl.assembly import job_from_spec
-    from osfl.fl.runtime.flower_engine import FlowerEngineRuntime
+    from osfl.flower.engine import FlowerEngineRuntime
 
     real = importlib.util.find_spec
     monkeypatch.setattr(
@@ -522,7 +522,7 @@ def test_real_superlink_and_supernodes_match_simulation(tmp_path: Path) -> None:
     count changes CPU reductions in the last bits)."""
     from osfl.config import load_config
     from osfl.experiment import run_experiment
-    from osfl.flower_app.local import LocalFederation, descendants
+    from osfl.flower.app.local import LocalFederation, descendants
 
     overrides = (
         "partition.num_clients=3",

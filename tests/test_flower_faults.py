@@ -18,13 +18,13 @@ import torch
 
 from osfl.config import load_config, to_yaml
 from osfl.errors import UploadError
-from osfl.fl.runtime.flower_client import make_client_app
-from osfl.fl.runtime.flower_loopback import FlowerLoopbackRuntime, LoopbackGrid, loopback_identity
-from osfl.fl.runtime.flower_server import FlowerGridRuntime
-from osfl.fl.runtime.flower_spec import JobSpec
 from osfl.fl.runtime.simulation import SimulationRuntime
 from osfl.fl.server_config import ServerConfig
-from osfl.flower_app.apps import serve_experiment
+from osfl.flower.app.apps import serve_experiment
+from osfl.flower.client import make_client_app
+from osfl.flower.grid import FlowerGridRuntime
+from osfl.flower.loopback import FlowerLoopbackRuntime, LoopbackGrid, loopback_identity
+from osfl.flower.spec import JobSpec
 from osfl.site_assembly import job_for_spec
 from test_flower import toy_job
 
@@ -139,7 +139,7 @@ def test_a_supernode_killed_mid_round_leaves_the_survivors_result(tmp_path: Path
     import time
 
     from osfl.experiment import run_experiment
-    from osfl.flower_app.local import LocalFederation
+    from osfl.flower.app.local import LocalFederation
 
     overrides = ("partition.num_clients=3", "train.epochs=40", "cache_dir=null")
     one = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

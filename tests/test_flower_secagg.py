@@ -1,5 +1,5 @@
-"""FedAvg under Flower's SecAgg+ (``osfl.fl.runtime.flower_secagg_server`` and
-``flower_secagg_client``, planned by ``osfl.fl.secagg_config``) on the
+"""FedAvg under Flower's SecAgg+ (``osfl.flower.secagg_server`` and
+``osfl.flower.secagg_client``, planned by ``osfl.fl.secagg_config``) on the
 in-process loopback Grid: Flower's own ``secaggplus_mod`` and
 ``SecAggPlusWorkflow``, every message through Flower's wire encoding.
 
@@ -35,17 +35,6 @@ from osfl.fl.method import MethodWrapper
 from osfl.fl.observers import Observer
 from osfl.fl.runtime.base import Job
 from osfl.fl.runtime.checkpoint import Resume, RoundCheckpoints
-from osfl.fl.runtime.flower_client import make_client_app
-from osfl.fl.runtime.flower_loopback import FIRST_NODE_ID, LoopbackGrid, loopback_identity
-from osfl.fl.runtime.flower_secagg_client import add_secure_train, secure_vector
-from osfl.fl.runtime.flower_secagg_server import (
-    SecAggPlusTransport,
-    SecureRoundLoop,
-    execute_secure,
-    secure_checkpoint_digest,
-)
-from osfl.fl.runtime.flower_server import discover_clients
-from osfl.fl.runtime.flower_spec import JobSpec, job_digest
 from osfl.fl.runtime.rounds import RoundLoop
 from osfl.fl.runtime.simulation import SimulationRuntime
 from osfl.fl.secagg_config import (
@@ -58,6 +47,17 @@ from osfl.fl.secagg_config import (
 )
 from osfl.fl.server_config import ServerConfig
 from osfl.fl.upload import NUM_SAMPLES, TensorSpec, Upload, UploadSpec
+from osfl.flower.client import make_client_app
+from osfl.flower.grid import discover_clients
+from osfl.flower.loopback import FIRST_NODE_ID, LoopbackGrid, loopback_identity
+from osfl.flower.secagg_client import add_secure_train, secure_vector
+from osfl.flower.secagg_server import (
+    SecAggPlusTransport,
+    SecureRoundLoop,
+    execute_secure,
+    secure_checkpoint_digest,
+)
+from osfl.flower.spec import JobSpec, job_digest
 
 EPS32 = float(torch.finfo(torch.float32).eps)
 

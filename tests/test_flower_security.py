@@ -1,6 +1,6 @@
 """TLS and SuperNode authentication for osfl's Flower deployments.
 
-Fast: the rehearsal certificates (:mod:`osfl.flower_app.certs`: signed by the
+Fast: the rehearsal certificates (:mod:`osfl.flower.app.certs`: signed by the
 CA, valid for the hosts in a real TLS handshake, key permissions, refusal to
 overwrite), SuperNode keys read by Flower's own loaders, the flags parsed by
 Flower's own argument parsers, the ``--node-config`` string read back by
@@ -28,9 +28,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from osfl.errors import ConfigError
-from osfl.flower_app import certs
-from osfl.flower_app.certs import make_certificates, make_node_keys
-from osfl.flower_app.local import LocalFederation, descendants, node_config_string
+from osfl.flower.app import certs
+from osfl.flower.app.certs import make_certificates, make_node_keys
+from osfl.flower.app.local import LocalFederation, descendants, node_config_string
 
 
 # --------------------------------------------------------------------------- certificates
@@ -330,7 +330,7 @@ def _wait_exit(proc: subprocess.Popen[bytes], timeout: float = 90.0) -> int:
 
 
 def _run_tiny_job(fed: LocalFederation, out: Path) -> float:
-    from osfl.fl.runtime.flower_spec import JobSpec
+    from osfl.flower.spec import JobSpec
 
     run = fed.run(JobSpec(method="fedavg", overrides=TINY, out_dir=str(out)), timeout=600)
     record = json.loads((run / "metrics.json").read_text())["records"][0]

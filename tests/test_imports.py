@@ -1,8 +1,9 @@
 """Data flows one way: no import cycle anywhere in ``src/osfl`` (function-level
 and ``TYPE_CHECKING`` imports included), every import goes down the layers
-data → models → fl → config/report/rundir → methods/privacy/pretrain →
-assembly → experiment → runner → cli/flower_app, and every module imports in a fresh
-interpreter.
+data → models → fl → flower (adapters) → config/report/rundir →
+methods/privacy/pretrain → assembly → experiment → runner → cli/flower.app,
+nothing in ``osfl.fl`` (or below) imports ``flwr``, and every module imports in
+a fresh interpreter.
 
 Run on its own: ``python -m pytest -q tests/test_imports.py``.
 """
@@ -18,22 +19,23 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: layer of a module = the first matching prefix's rank (most specific first)
 LAYERS: list[tuple[str, int]] = [
-    ("osfl.cli", 9),
-    ("osfl.flower_app", 9),
-    ("osfl.runner", 8),
-    ("osfl.experiment", 7),
-    ("osfl.audit_dir", 7),
-    ("osfl.assembly", 6),
-    ("osfl.site_assembly", 6),
-    ("osfl.methods", 5),
-    ("osfl.privacy", 5),
-    ("osfl.pretrain", 5),
-    ("osfl.robustness", 5),
-    ("osfl.config", 4),
-    ("osfl.report", 4),
-    ("osfl.scoreboard", 4),
+    ("osfl.cli", 10),
+    ("osfl.flower.app", 10),
+    ("osfl.runner", 9),
+    ("osfl.experiment", 8),
+    ("osfl.audit_dir", 8),
+    ("osfl.assembly", 7),
+    ("osfl.site_assembly", 7),
+    ("osfl.methods", 6),
+    ("osfl.privacy", 6),
+    ("osfl.pretrain", 6),
+    ("osfl.robustness", 6),
+    ("osfl.config", 5),
+    ("osfl.report", 5),
+    ("osfl.scoreboard", 5),
     ("osfl.convergence", 0),
-    ("osfl.rundir", 4),
+    ("osfl.rundir", 5),
+    ("osfl.flower", 4),
     ("osfl.fl", 3),
     ("osfl.models", 2),
     ("osfl.data", 1),
@@ -146,6 +148,23 @@ def test_every_import_goes_down_the_layers() -> None:
         if layer(b) > layer(a)
     ]
     assert not upward, "\n".join(upward)
+
+
+def test_flower_is_an_adapter_layer_above_the_core() -> None:
+    """Only ``osfl.flower`` imports ``flwr`` (``flwr_datasets``, Flower's
+    partitioners, is a separate package the data layer wraps)."""
+    offenders = []
+    for mod, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            in_flower = mod == "osfl.flower" or mod.startswith("osfl.flower.")
+            if not in_flower and any(n == "flwr" or n.startswith("flwr.") for n in names):
+                offenders.append(mod)
+    assert not offenders, f"modules outside osfl.flower import flwr: {sorted(set(offenders))}"
 
 
 def test_the_checker_sees_a_cycle_and_an_upward_import() -> None:

@@ -18,11 +18,11 @@ from osfl import site_assembly
 from osfl.config import load_config, to_yaml
 from osfl.data.sources import load_data
 from osfl.errors import ConfigError, DataError
-from osfl.fl.runtime.flower_client import make_client_app
-from osfl.fl.runtime.flower_loopback import LoopbackGrid, loopback_identity
-from osfl.fl.runtime.flower_spec import JobSpec
 from osfl.fl.runtime.sites import NoClientData, SiteScore, merge_site_scores
-from osfl.flower_app.apps import serve_experiment
+from osfl.flower.app.apps import serve_experiment
+from osfl.flower.client import make_client_app
+from osfl.flower.loopback import LoopbackGrid, loopback_identity
+from osfl.flower.spec import JobSpec
 
 CLASSES = [str(i) for i in range(10)]
 #: Each site's classes (non-IID: site 2 holds four of the ten).

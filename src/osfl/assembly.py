@@ -2,7 +2,7 @@
 
 ``config -> data -> federation -> run context -> method (with its wrappers)
 -> job -> runtime``, and a finished run back into its record. ``osfl run``
-(:mod:`osfl.experiment`), the Flower apps (:mod:`osfl.flower_app`) and
+(:mod:`osfl.experiment`), the Flower apps (:mod:`osfl.flower.app`) and
 ``osfl audit`` all build through here, so a simulation run, a Flower run and
 a later audit of either see equal data, federations, models, transforms and
 methods. Data flows one way (docs/design.md §3): this module imports the data,
@@ -32,8 +32,8 @@ from osfl.fl.method import METHODS, Method
 from osfl.fl.progress import Progress
 from osfl.fl.regimes import run_regime
 from osfl.fl.runtime.base import Job, PartitionedData, RunResult, Runtime
-from osfl.fl.runtime.flower_loopback import FlowerLoopbackRuntime
 from osfl.fl.runtime.simulation import SimulationRuntime
+from osfl.flower.loopback import FlowerLoopbackRuntime
 from osfl.registry import Registry
 
 #: runtime name -> ``factory(cfg) -> Runtime`` (``runtime:`` in a config).
@@ -53,8 +53,8 @@ RUNTIMES.add(
 def _flower_engine(cfg: ExperimentConfig) -> Runtime:
     """Flower's simulation engine (Ray actors build their jobs from the config's YAML)."""
     from osfl.config import to_yaml
-    from osfl.fl.runtime.flower_engine import FlowerEngineRuntime
-    from osfl.fl.runtime.flower_spec import JobSpec
+    from osfl.flower.engine import FlowerEngineRuntime
+    from osfl.flower.spec import JobSpec
 
     return FlowerEngineRuntime(job_from_spec, JobSpec(experiment=to_yaml(cfg)))
 
@@ -523,8 +523,7 @@ def accuracy_curve(result: RunResult) -> list[dict[str, Any]]:
 
 # --------------------------------------------------------------------------- Flower
 def load_experiment(spec: Any) -> tuple[ExperimentConfig, str, int]:
-    """``(config, method name, seed)`` of a Flower :class:`~osfl.fl.runtime.
-    flower_spec.JobSpec`.
+    """``(config, method name, seed)`` of a Flower :class:`~osfl.flower.spec.JobSpec`.
 
     ``spec.experiment`` is a YAML file path, YAML text (it holds a newline or
     a ``key: value``), or ``""`` for the embedded default experiment.
@@ -559,7 +558,7 @@ def _is_file(text: str) -> bool:
 
 
 def job_from_spec(spec: Any) -> Job:
-    """The job of a Flower :class:`~osfl.fl.runtime.flower_spec.JobSpec`, built
+    """The job of a Flower :class:`~osfl.flower.spec.JobSpec`, built
     exactly as ``osfl run`` builds one method × seed (every SuperNode and the
     ServerApp call this and so hold equal jobs)."""
     cfg, name, seed = load_experiment(spec)

@@ -495,7 +495,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="make a throwaway CA, server certificate and SuperNode keys for a TLS rehearsal "
         "(docs/flower-security.md)",
     )
-    from osfl.flower_app import certs as certs_tool
+    from osfl.flower.app import certs as certs_tool
 
     certs_tool.add_arguments(certs)
     certs.set_defaults(func=certs_tool.run)

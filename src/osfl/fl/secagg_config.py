@@ -3,8 +3,8 @@ which methods can run under it (:func:`secure_refusal`, :data:`SECURE_WEIGHTINGS
 the tensor layout the clients sum (:func:`layout_of`) and each round's
 quantisation (:func:`plan_round`). It imports no ``flwr``, so that
 ``osfl.config`` can hold a :class:`SecAggPlusConfig`; the protocol itself runs
-in :mod:`osfl.fl.runtime.flower_secagg_client` and
-:mod:`osfl.fl.runtime.flower_secagg_server`.
+in :mod:`osfl.flower.secagg_client` and
+:mod:`osfl.flower.secagg_server`.
 
 SecAgg+: Bell, Bonawitz, Gascón, Lepoint, Raykova, "Secure Single-Server
 Aggregation with (Poly)Logarithmic Overhead", ACM CCS 2020 (Algorithm 2, on
@@ -90,7 +90,7 @@ class SecAggPlusConfig:
     """SecAgg+'s knobs (Flower's ``SecAggPlusWorkflow`` arguments).
 
     ``enabled``: the Flower runtimes run the rounds under SecAgg+
-    (:func:`~osfl.fl.runtime.flower_secagg_server.execute_secure`); the other
+    (:func:`~osfl.flower.secagg_server.execute_secure`); the other
     knobs only matter then. ``share_fraction``: each client's neighbourhood as
     a fraction of the round's clients (1.0: all of them, i.e. SecAgg).
     ``threshold_fraction``: the shares that reconstruct a secret, as a

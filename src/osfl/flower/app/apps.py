@@ -1,14 +1,14 @@
 """The ServerApp and ClientApp a Flower deployment of osfl loads
-(``osfl.flower_app.apps:server_app`` / ``:client_app``).
+(``osfl.flower.app.apps:server_app`` / ``:client_app``).
 
-Both sides start from the same :class:`~osfl.fl.runtime.flower_spec.JobSpec`
+Both sides start from the same :class:`~osfl.flower.spec.JobSpec`
 (Flower's run config) and build with :mod:`osfl.assembly` — the functions
 ``osfl run`` uses — so a Flower run and a simulation run of one config,
 method and seed hold equal data, federation, model, recipe and method.
 
 - Clients (SuperNodes, Flower-simulation actors): :func:`osfl.assembly.job_from_spec`.
 - Server: :func:`serve_experiment` runs the job on a
-  :class:`~osfl.fl.runtime.flower_server.FlowerGridRuntime` holding the
+  :class:`~osfl.flower.grid.FlowerGridRuntime` holding the
   ServerApp's Grid and writes a run directory like ``osfl run``, whose record
   is built by the same code as a simulation record.
 """
@@ -29,11 +29,11 @@ from osfl.errors import ConfigError
 from osfl.experiment import Plan, execute_plan, plan_experiment
 from osfl.fl.observers import Observer
 from osfl.fl.runtime.base import RunResult
-from osfl.fl.runtime.flower_client import make_client_app
-from osfl.fl.runtime.flower_secagg_client import add_secure_train
-from osfl.fl.runtime.flower_secagg_server import grid_runtime
-from osfl.fl.runtime.flower_server import make_server_app
-from osfl.fl.runtime.flower_spec import JobSpec
+from osfl.flower.client import make_client_app
+from osfl.flower.grid import make_server_app
+from osfl.flower.secagg_client import add_secure_train
+from osfl.flower.secagg_server import grid_runtime
+from osfl.flower.spec import JobSpec
 from osfl.rundir import RunDir
 
 log = logging.getLogger(__name__)

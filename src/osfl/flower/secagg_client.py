@@ -41,14 +41,6 @@ from flwr.compat.common.parameter import ndarray_to_bytes
 
 from osfl.errors import ConfigError, UploadError
 from osfl.fl.runtime.client import run_client
-from osfl.fl.runtime.flower_client import (
-    ERROR_CLIENT_FAILED,
-    _state_file,
-    _write_atomically,
-    partition_id,
-)
-from osfl.fl.runtime.flower_records import read_state, write_state
-from osfl.fl.runtime.flower_spec import JOBS, JobBuilder, JobSpec
 from osfl.fl.secagg_config import (
     BROADCAST_TENSOR_TYPE,
     SECURE_WEIGHTINGS,
@@ -57,6 +49,14 @@ from osfl.fl.secagg_config import (
     layout_digest,
 )
 from osfl.fl.upload import Upload
+from osfl.flower.client import (
+    ERROR_CLIENT_FAILED,
+    _state_file,
+    _write_atomically,
+    partition_id,
+)
+from osfl.flower.records import read_state, write_state
+from osfl.flower.spec import JOBS, JobBuilder, JobSpec
 
 __all__ = ["add_secure_train", "error_reply_mod", "secure_vector"]
 

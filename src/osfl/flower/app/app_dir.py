@@ -3,9 +3,9 @@
 A Flower app is a directory whose ``pyproject.toml`` names a ServerApp and a
 ClientApp (``[tool.flwr.app.components]``) and declares the run config keys
 with their defaults (``[tool.flwr.app.config]``). osfl's apps live in the
-installed package (``osfl.flower_app.apps:server_app`` / ``:client_app``),
+installed package (``osfl.flower.app.apps:server_app`` / ``:client_app``),
 so the directory holds only that file; it is generated (``python -m
-osfl.flower_app DIR``) rather than shipped so that it works from any install
+osfl.flower.app DIR``) rather than shipped so that it works from any install
 and its defaults come from :class:`~osfl.fl.runtime.flower_job.JobSpec`, the
 one place they are defined.
 
@@ -27,13 +27,13 @@ from typing import Any
 import tomli_w
 
 from osfl import __version__
-from osfl.fl.runtime.flower_spec import JobSpec
+from osfl.flower.spec import JobSpec
 
 #: The app's name on the SuperLink (``<publisher>/<name>``).
 APP_NAME = "osfl-flower-app"
 PUBLISHER = "osfl"
-SERVER_APP = "osfl.flower_app.apps:server_app"
-CLIENT_APP = "osfl.flower_app.apps:client_app"
+SERVER_APP = "osfl.flower.app.apps:server_app"
+CLIENT_APP = "osfl.flower.app.apps:client_app"
 
 
 def app_pyproject(spec: JobSpec | None = None) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def app_pyproject(spec: JobSpec | None = None) -> dict[str, Any]:
         "project": {
             "name": APP_NAME,
             "version": __version__,
-            "description": "osfl methods over Flower (ServerApp + ClientApp of osfl.flower_app.apps)",
+            "description": "osfl methods over Flower (ServerApp + ClientApp of osfl.flower.app.apps)",
             "license": "Apache-2.0",
             "dependencies": [],  # osfl is installed on every machine (see the module docstring)
         },
@@ -68,10 +68,10 @@ def write_app(dest: str | Path, spec: JobSpec | None = None) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m osfl.flower_app DIR [--experiment CFG] [--method M] [--seed S]
+    """``python -m osfl.flower.app DIR [--experiment CFG] [--method M] [--seed S]
     [--out-dir D] [--override key=value ...]``: write the app directory."""
     p = argparse.ArgumentParser(
-        prog="python -m osfl.flower_app",
+        prog="python -m osfl.flower.app",
         description="Write the osfl Flower app directory for `flwr run`.",
     )
     p.add_argument("dest", help="directory to write (created if missing)")

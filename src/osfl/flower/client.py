@@ -41,7 +41,9 @@ from flwr.clientapp import ClientApp
 from osfl.errors import ConfigError, OsflError, UploadError
 from osfl.fl.runtime.base import Job
 from osfl.fl.runtime.client import run_client
-from osfl.fl.runtime.flower_records import (
+from osfl.fl.runtime.sites import SiteData, score_at_site
+from osfl.fl.state_codec import state_from_bytes
+from osfl.flower.records import (
     MSG_EVALUATE,
     MSG_TRAIN,
     MSG_WHOAMI,
@@ -54,9 +56,7 @@ from osfl.fl.runtime.flower_records import (
     whoami_record,
     write_state,
 )
-from osfl.fl.runtime.flower_spec import JOBS, JobBuilder, JobSpec, job_parts, parts_mismatch
-from osfl.fl.runtime.sites import SiteData, score_at_site
-from osfl.fl.state_codec import state_from_bytes
+from osfl.flower.spec import JOBS, JobBuilder, JobSpec, job_parts, parts_mismatch
 
 log = logging.getLogger(__name__)
 

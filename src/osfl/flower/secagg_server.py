@@ -64,8 +64,6 @@ from osfl.fl.observers import Observer, Observers
 from osfl.fl.progress import ProgressTask
 from osfl.fl.runtime.base import Job, RoundRecord, RunResult
 from osfl.fl.runtime.client import ClientTurn
-from osfl.fl.runtime.flower_client import ERROR_CLIENT_FAILED
-from osfl.fl.runtime.flower_server import FlowerGridRuntime, GridTransport, discover_clients
 from osfl.fl.runtime.identity import job_digest
 from osfl.fl.runtime.rounds import RoundLoop
 from osfl.fl.runtime.sites import SiteScore
@@ -84,6 +82,8 @@ from osfl.fl.secagg_config import (
     secure_refusal,
 )
 from osfl.fl.upload import Broadcast, Upload
+from osfl.flower.client import ERROR_CLIENT_FAILED
+from osfl.flower.grid import FlowerGridRuntime, GridTransport, discover_clients
 
 __all__ = [
     "SecAggPlusTransport",

@@ -27,8 +27,10 @@ from osfl.fl.observers import Observer
 from osfl.fl.progress import ProgressTask
 from osfl.fl.runtime.base import Job, RunResult
 from osfl.fl.runtime.client import ClientTurn
-from osfl.fl.runtime.flower_client import ERROR_CLIENT_FAILED
-from osfl.fl.runtime.flower_records import (
+from osfl.fl.runtime.rounds import RoundLoop
+from osfl.fl.runtime.sites import SiteScore
+from osfl.flower.client import ERROR_CLIENT_FAILED
+from osfl.flower.records import (
     MSG_EVALUATE,
     MSG_TRAIN,
     MSG_WHOAMI,
@@ -39,9 +41,7 @@ from osfl.fl.runtime.flower_records import (
     unpack,
     whoami_query,
 )
-from osfl.fl.runtime.flower_spec import JobSpec, job_digest, job_parts
-from osfl.fl.runtime.rounds import RoundLoop
-from osfl.fl.runtime.sites import SiteScore
+from osfl.flower.spec import JobSpec, job_digest, job_parts
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ Flower 1.41 reads it (``flwr/supernode/cli/flower_supernode.py``:
 ``load_ssh_public_key``, NIST curves only): an ECDSA P-384 key pair in
 OpenSSH format, like ``ssh-keygen -t ecdsa -b 384 -N ""``.
 
-Run as ``python -m osfl.flower_app.certs DIR [--host H ...] [--node-keys N]``
+Run as ``python -m osfl.flower.app.certs DIR [--host H ...] [--node-keys N]``
 (mounted by the CLI as ``osfl flower certs``); it prints the flags to start
 ``flower-superlink`` and ``flower-supernode`` with. See
 ``docs/flower-security.md``. Reference: Flower docs, "Enable TLS connections"
@@ -348,10 +348,10 @@ def _addr(host: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m osfl.flower_app.certs DIR [--host H ...] [--days N]
+    """``python -m osfl.flower.app.certs DIR [--host H ...] [--days N]
     [--node-keys N] [--overwrite]``."""
     parser = argparse.ArgumentParser(
-        prog="python -m osfl.flower_app.certs",
+        prog="python -m osfl.flower.app.certs",
         description="Make a throwaway CA, a server certificate (and SuperNode keys) "
         "for a TLS Flower rehearsal.",
     )

@@ -38,11 +38,11 @@ from flwr.supercore.task_identity import TaskIdentity
 from osfl.errors import ConfigError
 from osfl.fl.observers import Observer
 from osfl.fl.runtime.base import Job, RunResult
-from osfl.fl.runtime.flower_client import make_client_app
-from osfl.fl.runtime.flower_secagg_client import add_secure_train
-from osfl.fl.runtime.flower_secagg_server import grid_runtime
-from osfl.fl.runtime.flower_spec import JobSpec
 from osfl.fl.runtime.simulation import SimulationRuntime
+from osfl.flower.client import make_client_app
+from osfl.flower.secagg_client import add_secure_train
+from osfl.flower.secagg_server import grid_runtime
+from osfl.flower.spec import JobSpec
 
 #: Loopback node ids start here (any non-zero ints would do; 0 is the server).
 FIRST_NODE_ID = 1001

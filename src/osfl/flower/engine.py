@@ -3,7 +3,7 @@ Flower 1.41's only backend is Ray: ``pip install "flwr[simulation]"``).
 
 The ServerApp runs in a thread of this process with the job it was given (so
 the result comes back); every ClientApp is a Ray actor that builds its own job
-from the :class:`~osfl.fl.runtime.flower_spec.JobSpec` with ``builder`` — as a
+from the :class:`~osfl.flower.spec.JobSpec` with ``builder`` — as a
 SuperNode does — and must arrive at the same job digest. The spec's method
 and seed are the job's.
 """
@@ -20,9 +20,9 @@ from flwr.serverapp import Grid
 from osfl.errors import ConfigError, OsflError
 from osfl.fl.observers import Observer
 from osfl.fl.runtime.base import Job, RunResult
-from osfl.fl.runtime.flower_client import make_client_app
-from osfl.fl.runtime.flower_server import FlowerGridRuntime, make_server_app
-from osfl.fl.runtime.flower_spec import JobBuilder, JobSpec
+from osfl.flower.client import make_client_app
+from osfl.flower.grid import FlowerGridRuntime, make_server_app
+from osfl.flower.spec import JobBuilder, JobSpec
 
 
 class FlowerEngineRuntime:

@@ -16,7 +16,7 @@ processes it started and their descendants (Flower's ``flower-superexec`` and
 
 By default TLS and node authentication are off (``--insecure``: loopback
 only). ``tls=True`` makes a throwaway CA and server certificate in
-``workdir/tls`` (:mod:`osfl.flower_app.certs`) and starts the SuperLink with
+``workdir/tls`` (:mod:`osfl.flower.app.certs`) and starts the SuperLink with
 ``--ssl-ca-certfile/--ssl-certfile/--ssl-keyfile``, every SuperNode with
 ``--root-certificates`` and the ``flwr`` connection with ``root-certificates``.
 ``node_auth=True`` (needs TLS, as Flower does) also starts the SuperLink with
@@ -49,9 +49,9 @@ from typing import Any
 import tomli_w
 
 from osfl.errors import ConfigError, OsflError
-from osfl.fl.runtime.flower_spec import JobSpec
-from osfl.flower_app.app_dir import write_app
-from osfl.flower_app.certs import CertPaths, NodeKeyPaths, make_certificates, make_node_keys
+from osfl.flower.app.app_dir import write_app
+from osfl.flower.app.certs import CertPaths, NodeKeyPaths, make_certificates, make_node_keys
+from osfl.flower.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
