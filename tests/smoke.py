@@ -31,7 +31,7 @@ def smoke_config(name: str, run_as: str | None = None) -> ExperimentConfig:
     """Method ``name``'s smoke experiment; ``run_as`` runs another method on the
     very same task (model, data) — the baseline it must beat."""
     methods = f"methods=[{run_as or name}]"
-    return load_config(None, [*BASE, *METHODS.get(name).smoke, methods])
+    return load_config(None, [*BASE, *METHODS.get(name).card.smoke, methods])
 
 
 _SPLITS: dict[str, DataSplits] = {}

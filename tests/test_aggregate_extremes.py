@@ -4,7 +4,7 @@ its first aggregation; hypothesis then drives ``aggregate`` with uploads made
 extreme but still valid: float tensors at ``±finfo.max``, scaled by 1e30,
 sign-flipped, zero or huge noise; ``num_samples`` at either end of its
 bound. Each variant goes through the server's own door (size, spec, screen:
-``RoundLoop.accept``); whatever it lets in, ``aggregate`` and ``predictor``
+``Inbox.accept``); whatever it lets in, ``aggregate`` and ``predictor``
 must take without raising (the result may be useless: that is what the robust
 aggregators and the evaluator's non-finite flag are for).
 """
@@ -24,7 +24,8 @@ import osfl.methods  # noqa: F401  (registers the methods)
 from osfl import assembly
 from osfl.errors import UploadError
 from osfl.fl.method import METHODS, MethodWrapper
-from osfl.fl.runtime.rounds import RoundLoop
+from osfl.fl.observers import Observers
+from osfl.fl.runtime.rounds import Inbox
 from osfl.fl.runtime.simulation import SimulationRuntime
 from osfl.fl.upload import Upload
 from smoke import smoke_config, smoke_context
@@ -78,7 +79,7 @@ def _captured(name: str) -> tuple[Any, Any, dict[int, Upload]]:
 
 def _check(name: str, data: st.DataObject) -> None:
     job, state, uploads = _captured(name)
-    loop = RoundLoop(job, transport=None)  # type: ignore[arg-type]  (only its server side)
+    loop = Inbox(job, Observers([]), checkpoints=None)  # the server's receiving side
     accepted: dict[int, Upload] = {}
     for c, up in uploads.items():
         kind = data.draw(st.sampled_from(KINDS), label=f"client {c}")

@@ -9,8 +9,16 @@ overrides (fewer server epochs, a ViT where it needs one) and must:
   after saving and reading it back (what resuming a run does);
 - give the simulation's numbers on the loopback Flower runtime (Flower's
   message encoding, client state in the nodes' ``Context.state``);
-- beat the method it starts from (``starts_from``, e.g. FedAvg for a server
-  that distils into the clients' average), or chance by a margin.
+- beat the method it starts from (``ImprovesOn.starts_from``, e.g. FedAvg
+  for a server that distils into the clients' average), or chance by a margin;
+- honour every capability it declares (``osfl.fl.method.CAPABILITIES``): as
+  many round records as its rounds, state kept by clients only when it declares
+  it, a released state that predicts as the full one, a secure mean that
+  aggregates as the uploads behind it, history and report a runtime can
+  record, a batched step for the round's shared training.
+
+The Method contract itself: the wrapper forwards every member of the core,
+and capabilities are found through any wrapper.
 """
 
 from __future__ import annotations
@@ -23,13 +31,32 @@ import pytest
 import torch
 
 import osfl.methods  # noqa: F401  (registers the methods)
-from osfl import assembly
+from osfl import assembly, jsonio
 from osfl.config import ExperimentConfig
-from osfl.fl.method import METHODS
+from osfl.fl.context import SharedTraining
+from osfl.fl.method import (
+    CAPABILITIES,
+    METHODS,
+    Artifacts,
+    AuditHistory,
+    ImprovesOn,
+    KeepsClientState,
+    Method,
+    MethodWrapper,
+    Reporting,
+    SecureAggregation,
+    SharedTrainingStep,
+    SiteEvaluation,
+    capability,
+    rounds_of,
+    secure_weighting_of,
+)
 from osfl.fl.regimes import REGIMES, UPLOAD_KINDS
 from osfl.fl.runtime.base import RunResult
 from osfl.fl.runtime.simulation import SimulationRuntime
+from osfl.fl.secagg_config import SECURE_WEIGHTINGS
 from osfl.fl.state_codec import state_from_bytes, state_to_bytes
+from osfl.fl.upload import Upload
 from osfl.flower.loopback import FlowerLoopbackRuntime
 from smoke import smoke_config, smoke_context
 
@@ -103,7 +130,9 @@ def test_method_contract(name: str) -> None:
     if "mean_client_accuracy" in first.metrics:
         acc = first.metrics["mean_client_accuracy"]
     job = assembly.build_job(cfg, name, smoke_context(cfg))
-    baseline = job.method.starts_from()
+    check_capabilities(job.method, first)
+    improves = capability(job.method, ImprovesOn)
+    baseline = improves.starts_from() if improves is not None else None
     if baseline is not None:
         base = _run(smoke_config(name, run_as=baseline), baseline)
         assert acc > base.metrics["global_test_accuracy"], (
@@ -120,10 +149,132 @@ def test_method_declares_a_runnable_smoke_config(name: str) -> None:
     """Every override in ``smoke`` is a valid dotted key of the experiment config,
     and the method's ``check`` accepts its smoke run."""
     cls = METHODS.get(name)
-    assert all("=" in o for o in cls.smoke), cls.smoke
+    card = cls.card
+    assert all("=" in o for o in card.smoke), card.smoke
     cfg = smoke_config(name)
     job = assembly.build_job(cfg, name, smoke_context(cfg))
     job.method.check()
     assert job.method.name == name
-    assert cls.regime in REGIMES, f"{name}: regime {cls.regime!r} is not one of {list(REGIMES)}"
-    assert cls.uploads in UPLOAD_KINDS, f"{name}: uploads {cls.uploads!r} is not a known kind"
+    assert card.regime in REGIMES, f"{name}: regime {card.regime!r} is not one of {list(REGIMES)}"
+    assert card.uploads in UPLOAD_KINDS, f"{name}: uploads {card.uploads!r} is not a known kind"
+
+
+# --------------------------------------------------------------------------- capabilities
+def _outputs(predictor: Any, run: Any) -> torch.Tensor:
+    x = torch.randn(4, *run.image_shape, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        return predictor.eval()(x)
+
+
+def check_capabilities(method: Method, result: RunResult) -> None:
+    """What each capability ``method`` declares promises, on its smoke run."""
+    name, state = method.name, result.state
+    assert len(result.rounds) == rounds_of(method), f"{name}: rounds"
+    kept = [s for s in result.client_states.values() if s.tensors or s.meta]
+    if capability(method, KeepsClientState) is not None:
+        assert kept, f"{name} declares client state but no client kept any"
+    else:  # run_client refuses undeclared state; nothing may reach the runtime
+        assert not kept, f"{name} kept client state without declaring it"
+    site = capability(method, SiteEvaluation)
+    if site is not None and "mean_client_accuracy" not in result.metrics:
+        released = state_from_bytes(state_to_bytes(site.release(state)))
+        full = _outputs(method.predictor(state), method.run)
+        assert torch.allclose(_outputs(method.predictor(released), method.run), full), (
+            f"{name}: the released state predicts differently from the full one"
+        )
+    audited = capability(method, AuditHistory)
+    if audited is not None:
+        history = audited.audit_history(state, 0)
+        assert all(k.startswith("history.") and isinstance(v, torch.Tensor) for k, v in history.items())
+    reporting = capability(method, Reporting)
+    if reporting is not None:
+        jsonio.dumps(reporting.report(state))  # what the record stores
+    artifacts = capability(method, Artifacts)
+    if artifacts is not None:
+        assert all(isinstance(v, torch.Tensor) for v in artifacts.artifacts(state).values())
+    shared = capability(method, SharedTrainingStep)
+    if shared is not None:
+        plan = shared.shared_training(method.broadcast(method.init_state(), 0), 0)
+        assert plan is None or isinstance(plan, SharedTraining)
+
+
+class _FirstRound(Exception):
+    def __init__(self, state: Any, uploads: Mapping[int, Upload]):
+        super().__init__("first round")
+        self.state, self.uploads = state, dict(uploads)
+
+
+class _StopAtAggregate(MethodWrapper):
+    def aggregate(self, state: Any, uploads: Mapping[int, Upload], round: int) -> Any:
+        raise _FirstRound(state, uploads)
+
+
+SECURE = [n for n in METHODS.names() if issubclass(METHODS.get(n), SecureAggregation)]
+
+
+@pytest.mark.parametrize("name", SECURE)
+def test_a_secure_mean_aggregates_as_the_uploads_behind_it(name: str) -> None:
+    """``aggregate_mean`` of the uploads' weighted mean (what SecAgg+ gives the
+    server, before its quantisation) is ``aggregate`` of the uploads."""
+    cfg = smoke_config(name)
+    job = assembly.build_job(cfg, name, smoke_context(cfg))
+    weighting = secure_weighting_of(job.method)
+    if weighting is None:
+        pytest.skip(f"{name} needs individual uploads in this configuration")
+    stop = dataclasses.replace(job, method=_StopAtAggregate(job.method))
+    with pytest.raises(_FirstRound) as got:
+        SimulationRuntime().execute(stop)
+    state, uploads = got.value.state, got.value.uploads
+    rule = SECURE_WEIGHTINGS.get(weighting)
+    w = {c: float(rule.weight(u)) for c, u in uploads.items()}
+    total = sum(w.values())
+    mean = Upload(
+        tensors={
+            k: (sum(w[c] * u.tensors[k].double() for c, u in uploads.items()) / total).to(t.dtype)
+            if t.is_floating_point()
+            else (sum(w[c] * u.tensors[k].double() for c, u in uploads.items()) / total)
+            .round()
+            .to(t.dtype)
+            for k, t in next(iter(uploads.values())).tensors.items()
+        },
+        meta={"num_samples": int(total)},
+    )
+    secure = capability(job.method, SecureAggregation)
+    assert secure is not None
+    via_mean = flat(secure.aggregate_mean(state, mean, 0))
+    via_uploads = flat(job.method.aggregate(state, uploads, 0))
+    assert via_mean.keys() == via_uploads.keys()
+    for k, v in via_uploads.items():
+        if isinstance(v, torch.Tensor):
+            assert torch.allclose(via_mean[k].double(), v.double(), atol=1e-6), (name, k)
+
+
+def test_the_wrapper_forwards_every_member_of_the_core() -> None:
+    """Every public member of :class:`Method` is overridden by
+    :class:`MethodWrapper` (so a wrapped method is the method), and nothing a
+    capability adds sits on the core."""
+    core = {
+        n
+        for klass in Method.__mro__
+        if klass.__module__ == Method.__module__
+        for n in vars(klass)
+        if not n.startswith("_")
+    }
+    assert core <= set(vars(MethodWrapper)), sorted(core - set(vars(MethodWrapper)))
+    for cap in CAPABILITIES.values():
+        members = {n for n in vars(cap) if not n.startswith("_")}
+        assert not members & core, (cap.__name__, members & core)
+
+
+@pytest.mark.parametrize("name", METHODS.names())
+def test_capabilities_are_found_through_a_wrapper(name: str) -> None:
+    cfg = smoke_config(name)
+    method = assembly.build_job(cfg, name, smoke_context(cfg)).method
+    while isinstance(method, MethodWrapper):
+        method = method.inner
+    wrapped = MethodWrapper(MethodWrapper(method))
+    for cap in CAPABILITIES.values():
+        found = capability(wrapped, cap)
+        assert (found is method) == isinstance(method, cap), (name, cap.__name__)
+        assert found is None or found is method
+    assert wrapped.card is type(method).card and wrapped.name == name

@@ -14,7 +14,7 @@ from osfl.data.imageset import ImageSet
 from osfl.data.transforms import build_transform
 from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext, ModelSpec, RunContext
-from osfl.fl.method import METHODS
+from osfl.fl.method import METHODS, AuditHistory, capability, rounds_of
 from osfl.fl.train_config import TrainConfig
 from osfl.privacy.defenses import DefendedMethod, DefenseConfig, apply_defense, clip_and_noise
 
@@ -166,10 +166,12 @@ def test_wrapper_delegates_everything_else(setup) -> None:
     run, data = setup
     inner = METHODS.get("scaffold")(METHODS.get("scaffold").Config(rounds=3), run)
     m = apply_defense(inner, {"clip": 1.0, "sigma": 0.01})
-    assert m.name == "scaffold" and m.rounds == 3 and m.one_shot is False
+    assert m.name == "scaffold" and rounds_of(m) == 3 and m.card.one_shot is False
     state, _, up = _client(run, m, data)
     for c in (0, 1):  # the declared hook reaches the inner scheme's history
-        hist, inner_hist = m.audit_history(state, c), inner.audit_history(state, c)
+        audited = capability(m, AuditHistory)
+        assert audited is inner  # found through the wrapper
+        hist, inner_hist = audited.audit_history(state, c), inner.audit_history(state, c)
         assert hist.keys() == inner_hist.keys() and hist
         assert all(torch.equal(hist[k], inner_hist[k]) for k in hist)
     spec = m.upload_spec(state, 0, 0)

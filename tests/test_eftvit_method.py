@@ -40,7 +40,7 @@ _SPLITS: dict[str, Any] = {}
 
 
 def job_of(*extra: str, smoke: bool = True) -> Any:
-    own = METHODS.get("eftvit").smoke if smoke else ()
+    own = METHODS.get("eftvit").card.smoke if smoke else ()
     cfg = load_config(None, [*BASE, "methods=[eftvit]", *own, *extra])
     key = repr(cfg.data)
     if key not in _SPLITS:

@@ -21,7 +21,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError, UploadError
 from osfl.fl.context import ClientContext, ModelSpec, RunContext
-from osfl.fl.method import Method, Predictor, sample_fraction
+from osfl.fl.method import Method, MultiRound, Predictor, sample_fraction
 from osfl.fl.progress import ProgressTask
 from osfl.fl.runtime.base import Job, PartitionedData
 from osfl.fl.runtime.simulation import SimulationRuntime
@@ -73,7 +73,7 @@ class WeightPredictor(Predictor):
         return x.flatten(1)[:, :3] * self.w
 
 
-class Toy(Method):
+class Toy(Method, MultiRound):
     """Server state w (3 floats); a client returns w + mean label + noise drawn
     from its seeded generator; the server averages in client order."""
 

@@ -42,7 +42,7 @@ def test_fewer_survivors_than_min_clients_stop_the_run() -> None:
     job = toy_job(crash_client=1)
     job.run.server = ServerConfig(min_clients=3)
     with pytest.raises(
-        UploadError, match=r"2 usable upload\(s\) of 3, fewer than server.min_clients=3"
+        UploadError, match=r"2 usable upload\(s\) of 3 client\(s\), fewer than server.min_clients=3"
     ):
         FlowerLoopbackRuntime().execute(job)
 

@@ -31,14 +31,13 @@ from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFI
 from flwr.compat.common.parameter import bytes_to_ndarray
 
 from osfl.errors import ConfigError, DataError, UploadError
-from osfl.fl.method import MethodWrapper
+from osfl.fl.method import MethodWrapper, SecureAggregation, secure_weighting_of
 from osfl.fl.observers import Observer
 from osfl.fl.runtime.base import Job
 from osfl.fl.runtime.checkpoint import Resume, RoundCheckpoints
 from osfl.fl.runtime.rounds import RoundLoop
-from osfl.fl.runtime.simulation import SimulationRuntime
+from osfl.fl.runtime.simulation import InProcessClients, SimulationRuntime
 from osfl.fl.secagg_config import (
-    SECURE_AGGREGATE,
     QuantizationPlan,
     SecAggPlusConfig,
     layout_of,
@@ -53,7 +52,6 @@ from osfl.flower.loopback import FIRST_NODE_ID, LoopbackGrid, loopback_identity
 from osfl.flower.secagg_client import add_secure_train, secure_vector
 from osfl.flower.secagg_server import (
     SecAggPlusTransport,
-    SecureRoundLoop,
     execute_secure,
     secure_checkpoint_digest,
 )
@@ -85,16 +83,19 @@ class UploadSpy(Observer):
         self.uploads[client] = upload
 
 
-class AggregateSpy(MethodWrapper):
-    """The method with a record of everything its ``aggregate`` received and
-    returned; ``fail`` clients send nothing (their client step refuses);
-    ``crash_at``: the server stops in that round's ``aggregate``, once."""
+class AggregateSpy(MethodWrapper, SecureAggregation):
+    """The method with a record of everything its ``aggregate`` (individual
+    uploads, in ``received``) and ``aggregate_mean`` (SecAgg+'s weighted mean,
+    in ``means``) received and returned; ``fail`` clients send nothing (their
+    client step refuses); ``crash_at``: the server stops in that round's
+    aggregation, once."""
 
     def __init__(self, inner: Any, fail: Iterable[int] = (), crash_at: int | None = None):
         super().__init__(inner)
         self.fail = set(fail)
         self.crash_at = crash_at
         self.received: list[dict[int, Upload]] = []
+        self.means: list[Upload] = []
         self.before: list[Any] = []  # the state each aggregate started from
         self.after: list[Any] = []  # and the state it returned
 
@@ -103,13 +104,29 @@ class AggregateSpy(MethodWrapper):
             raise UploadError("the site went offline", client=ctx.client_id)
         return self.inner.client_update(ctx, broadcast, data)
 
-    def aggregate(self, state: Any, uploads: Mapping[int, Upload], round: int) -> Any:
+    @property
+    def secure_weighting(self) -> str | None:
+        return secure_weighting_of(self.inner)
+
+    def maybe_stop(self, round: int) -> None:
         if round == self.crash_at:
             self.crash_at = None
             raise ServerStopped(f"the server stopped in round {round}")
+
+    def aggregate(self, state: Any, uploads: Mapping[int, Upload], round: int) -> Any:
+        self.maybe_stop(round)
         self.received.append(dict(uploads))
         self.before.append(state)
         self.after.append(self.inner.aggregate(state, uploads, round))
+        return self.after[-1]
+
+    def aggregate_mean(self, state: Any, mean: Upload, round: int) -> Any:
+        self.maybe_stop(round)
+        self.means.append(mean)
+        self.before.append(state)
+        inner = self.inner
+        assert isinstance(inner, SecureAggregation)
+        self.after.append(inner.aggregate_mean(state, mean, round))
         return self.after[-1]
 
 
@@ -182,7 +199,7 @@ def run_secure(
     tamper: Any = None,
     weighting: str = "data_size",
     nodes: Iterable[int] | None = None,
-) -> tuple[SecureRoundLoop, Any, SpyGrid, UploadSpy]:
+) -> tuple[SecAggPlusTransport, Any, SpyGrid, UploadSpy]:
     """The job under SecAgg+ (default knobs) on a loopback Grid of osfl
     ClientApps; ``nodes``: the clients whose SuperNode connected (default all)."""
     app = add_secure_train(make_client_app(lambda s: job, JobSpec()), lambda s: job, JobSpec())
@@ -196,9 +213,8 @@ def run_secure(
         transport = SecAggPlusTransport(
             grid, found, digest, SecAggPlusConfig(), 60, weighting, num_classes=10
         )
-        loop = SecureRoundLoop(job, transport, [spy])
-        result = loop.execute()
-    return loop, result, grid, spy
+        result = RoundLoop(job, transport, [spy]).execute()
+    return transport, result, grid, spy
 
 
 def excess(
@@ -246,9 +262,9 @@ def test_fedavg_under_secaggplus_equals_plain_fedavg_within_the_bound(
     uploads = plain_spy.uploads
     assert sorted(uploads) == [0, 1, 2]
     job = fedavg_job(cache)
-    loop, result, grid, spy = run_secure(job)
+    transport, result, grid, spy = run_secure(job)
 
-    (secure,) = loop.history
+    (secure,) = transport.history
     plan = secure.plan
     sizes = [job.clients.size(c) for c in range(3)]
     assert plan.max_weight == 2 ** math.ceil(math.log2(max(sizes)))  # exact weights
@@ -274,13 +290,13 @@ def test_fedavg_under_secaggplus_equals_plain_fedavg_within_the_bound(
     assert record.bytes_up > 0 and result.bytes_up == record.bytes_up
 
     # the server never held an individual upload:
-    # - aggregate received one upload, the mean, under no client's id
-    (received,) = job.method.received
-    assert list(received) == [SECURE_AGGREGATE]
-    assert received[SECURE_AGGREGATE].meta == {"num_samples": sum(sizes)}
+    # - the method received the mean, never an individual upload
+    (received,) = job.method.means
+    assert job.method.received == []
+    assert received.meta == {"num_samples": sum(sizes)}
     for c, up in uploads.items():
         gap = max(
-            (received[SECURE_AGGREGATE].tensors[n].double() - t.double()).abs().max()
+            (received.tensors[n].double() - t.double()).abs().max()
             for n, t in up.tensors.items()
             if t.is_floating_point()
         )
@@ -315,8 +331,8 @@ def test_a_client_that_drops_out_mid_protocol_is_left_out_of_the_mean(
     its pairwise masks from the others' shares (threshold 2 of 3) and the
     mean is FedAvg's over clients 0 and 1."""
     _, plain_spy = plain
-    loop, result, grid, _ = run_secure(fedavg_job(cache, fail=[2]))
-    (secure,) = loop.history
+    transport, result, grid, _ = run_secure(fedavg_job(cache, fail=[2]))
+    (secure,) = transport.history
     assert sorted(secure.weights) == [0, 1]
     assert "the site went offline" in secure.dropped[2]
     assert result.rounds[0].refused == secure.dropped and result.rounds[0].accepted == [0, 1]
@@ -330,8 +346,8 @@ def test_uniform_weighting_gives_the_plain_mean(cache: Path, plain: tuple[Any, U
     """FedAvg with ``weighting=uniform`` (FedBFPT's and the schemes' default):
     every client weighs 1, so the server learns no sample count either."""
     _, plain_spy = plain
-    loop, result, _, _ = run_secure(fedavg_job(cache, weighting="uniform"), weighting="uniform")
-    (secure,) = loop.history
+    transport, result, _, _ = run_secure(fedavg_job(cache, weighting="uniform"), weighting="uniform")
+    (secure,) = transport.history
     assert secure.weights == {0: 1, 1: 1, 2: 1} and secure.plan.max_weight == 1
     assert excess(result.state, plain_spy.uploads, secure.plan, uniform=True) <= 0
     assert excess(result.state, plain_spy.uploads, secure.plan) > 1e-4  # not data-size weighted
@@ -349,8 +365,8 @@ def test_a_reply_with_its_upload_in_clear_is_dropped_never_read(
             leaked = Array(np.zeros(3, dtype=np.float32))
             reply.content.array_records["fitres.parameters"] = ArrayRecord({"0": leaked})
 
-    loop, result, _, _ = run_secure(fedavg_job(cache), tamper=leak)
-    (secure,) = loop.history
+    transport, result, _, _ = run_secure(fedavg_job(cache), tamper=leak)
+    (secure,) = transport.history
     assert "carries arrays in clear" in secure.dropped[1]
     assert result.rounds[0].accepted == [0, 2]
     kept = {c: plain[1].uploads[c] for c in (0, 2)}
@@ -371,8 +387,8 @@ def test_a_client_without_a_supernode_is_left_out_of_the_mean(
     """Client 2's SuperNode never connected (``discover_clients`` went on
     without it): it is out of the round, as under the plain transport, and
     the mean is FedAvg's over clients 0 and 1."""
-    loop, result, _, _ = run_secure(fedavg_job(cache), nodes=[0, 1])
-    (secure,) = loop.history
+    transport, result, _, _ = run_secure(fedavg_job(cache), nodes=[0, 1])
+    (secure,) = transport.history
     assert secure.dropped == {2: "no SuperNode connected"} and sorted(secure.weights) == [0, 1]
     assert result.rounds[0].refused == secure.dropped
     kept = {c: plain[1].uploads[c] for c in (0, 1)}
@@ -381,9 +397,9 @@ def test_a_client_without_a_supernode_is_left_out_of_the_mean(
 
 def test_a_round_with_fewer_than_min_clients_stops_the_run(cache: Path) -> None:
     job = fedavg_job(cache, fail=[2], overrides=["server.min_clients=3"])
-    with pytest.raises(UploadError, match=r"2 client\(s\) of 3, fewer than server.min_clients=3"):
+    with pytest.raises(UploadError, match=r"2 usable upload\(s\) of 3 client\(s\), fewer than server.min_clients=3"):
         run_secure(job)
-    assert job.method.received == []  # the mean of too few never reached aggregate
+    assert job.method.means == []  # the mean of too few never reached aggregation
 
 
 def test_a_stopped_secure_run_resumes_after_its_last_finished_round(
@@ -398,13 +414,13 @@ def test_a_stopped_secure_run_resumes_after_its_last_finished_round(
         run_secure(job)
     (after_round_0,) = job.method.after
     job.method = AggregateSpy(job.method.inner)
-    loop, result, _, spy = run_secure(job)
+    transport, result, _, spy = run_secure(job)
 
-    assert len(loop.history) == 1 and spy.broadcasts == 3  # round 1 only, in this process
+    assert len(transport.history) == 1 and spy.broadcasts == 3  # round 1 only, in this process
     (resumed_from,) = job.method.before
     assert resumed_from.keys() == after_round_0.keys()
     assert all(torch.equal(resumed_from[k], after_round_0[k]) for k in after_round_0)
-    assert list(job.method.received[0]) == [SECURE_AGGREGATE]
+    assert len(job.method.means) == 1 and job.method.received == []
     assert [r.round for r in result.rounds] == [0, 1]
     assert all(r.accepted == [0, 1, 2] and r.bytes_up > 0 for r in result.rounds)
     assert result.bytes_up == sum(r.bytes_up for r in result.rounds)  # round 0's from the file
@@ -432,12 +448,12 @@ def test_a_checkpoint_is_continued_only_in_the_mode_that_wrote_it(
     saved = Resume(job_digest(job), 1, job.method.init_state(), [], {}, {}, {})
     RoundCheckpoints(tmp_path).save(saved)
     with pytest.raises(DataError, match="saved by job"):
-        SecureRoundLoop(job, transport).execute()
+        RoundLoop(job, transport).execute()
     RoundCheckpoints(tmp_path).save(
         Resume(secure_checkpoint_digest(job_digest(job)), 1, saved.state, [], {}, {}, {})
     )
     with pytest.raises(DataError, match="saved by job"):
-        RoundLoop(job, transport).execute()
+        RoundLoop(job, InProcessClients(job)).execute()
 
 
 SITE_CLASSES = [str(i) for i in range(10)]
@@ -602,7 +618,7 @@ def test_layouts_secagg_cannot_sum_are_refused() -> None:
         )
 
 
-def test_a_round_of_one_client_is_refused_and_no_upload_is_exchanged() -> None:
+def test_a_round_of_one_client_is_refused_and_no_upload_is_brought_back() -> None:
     transport = SecAggPlusTransport(
         None,  # type: ignore[arg-type]
         {0: 1, 1: 2},
@@ -615,8 +631,7 @@ def test_a_round_of_one_client_is_refused_and_no_upload_is_exchanged() -> None:
         transport.secure_mean(0, [0], b"", _layout(), {0: 10})
     with pytest.raises(UploadError, match=r"at least 2 clients with a SuperNode, got \[1\]"):
         transport.secure_mean(0, [1, 2], b"", _layout(), {1: 10, 2: 10})
-    with pytest.raises(ConfigError, match="never an individual upload"):
-        transport.exchange(0, [1], b"", None)  # type: ignore[arg-type]
+    assert not hasattr(transport, "exchange")  # it sums; it never brings back an upload
     transport.restore({1: b"state"})  # each SuperNode keeps its own
     assert transport.client_states() == {}
 

@@ -248,7 +248,7 @@ def test_absent_classes_single_class_client_and_bytes(tiny: Any) -> None:
     rep = m.report(state)
     assert rep["bytes_up"]["0"]["statistics"] == (10 * D + 10 * D * D) * 8  # QDA: C·D + C·D²
     assert rep["gflops_per_sample"] is None and rep["head"] == "qda"
-    assert (GHOFL.regime, GHOFL.uploads) == ("frozen_encoder", "statistics")
+    assert (GHOFL.card.regime, GHOFL.card.uploads) == ("frozen_encoder", "statistics")
 
 
 # --- refused uploads -----------------------------------------------------------------

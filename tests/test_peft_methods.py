@@ -37,7 +37,7 @@ _SPLITS: dict[str, Any] = {}
 
 
 def method(name: str, *extra: str) -> tuple[PEFTMethod, Any]:
-    cfg = load_config(None, [*BASE, f"methods=[{name}]", *METHODS.get(name).smoke, *extra])
+    cfg = load_config(None, [*BASE, f"methods=[{name}]", *METHODS.get(name).card.smoke, *extra])
     key = repr(cfg.data)
     if key not in _SPLITS:
         _SPLITS[key] = assembly.load_splits(cfg)

@@ -219,7 +219,7 @@ def test_a_poisoned_member_is_refused_and_the_rest_still_predict(name: str, kind
         None,
         [
             *BASE,
-            *osfl.methods.METHODS.get(name).smoke,
+            *osfl.methods.METHODS.get(name).card.smoke,
             f"methods=[{name}]",
             "byzantine.clients=[0]",
             f"byzantine.kind={kind}",

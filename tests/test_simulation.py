@@ -16,7 +16,7 @@ from osfl.data.imageset import ImageSet
 from osfl.data.partition import make_federation
 from osfl.errors import UploadError
 from osfl.fl.context import ModelSpec, RunContext
-from osfl.fl.method import Method, Predictor, sample_fraction
+from osfl.fl.method import Method, MultiRound, Predictor, sample_fraction
 from osfl.fl.observers import Observer
 from osfl.fl.progress import Progress, ProgressTask
 from osfl.fl.runtime.simulation import run_simulation
@@ -36,7 +36,7 @@ class ZeroPredictor(Predictor):
         return torch.zeros(x.shape[0], 4)
 
 
-class Toy(Method):
+class Toy(Method, MultiRound):
     """w <- mean over clients of (w + noise from the client's generator + mean label)."""
 
     name: ClassVar[str] = "toy"

@@ -23,8 +23,9 @@ from safetensors.torch import save
 from osfl import assembly
 from osfl.config import load_config
 from osfl.errors import UploadError
+from osfl.fl.observers import Observers
 from osfl.fl.runtime.client import ClientTurn
-from osfl.fl.runtime.rounds import RoundLoop
+from osfl.fl.runtime.rounds import Inbox
 from osfl.fl.server_config import ServerConfig
 from osfl.fl.upload import META_KEY, Upload
 
@@ -38,7 +39,7 @@ class Round0:
     """A FedAvg round's server side, its state and the honest clients' upload
     bytes (a short ``repr``: hypothesis prints its arguments)."""
 
-    def __init__(self, loop: RoundLoop, state: Any, honest: dict[int, bytes]):
+    def __init__(self, loop: Inbox, state: Any, honest: dict[int, bytes]):
         self.loop, self.state, self.honest = loop, state, honest
 
     def __iter__(self) -> Any:
@@ -67,7 +68,7 @@ def round0() -> Round0:
     cfg = dataclasses.replace(cfg, server=ServerConfig(max_update_norm=MAX_UPDATE_NORM))
     ctx = assembly.seed_context(cfg, assembly.load_splits(cfg), 0)
     job = assembly.build_job(cfg, "fedavg", ctx)
-    loop = RoundLoop(job, transport=None)  # type: ignore[arg-type]  (its server side only)
+    loop = Inbox(job, Observers([]), checkpoints=None)  # the server's receiving side
     state = job.method.init_state()
     payload = job.method.broadcast(state, 0).to_bytes()
     from osfl.fl.runtime.client import run_client
@@ -183,7 +184,8 @@ def test_bad_uploads_are_refused_and_leave_the_aggregate_of_the_good(round0, dat
         raw, kind = bad_upload(honest[HONEST[c % 3]], data)
         made[c] = kind
         turns[c] = ClientTurn(upload=raw, state=None)
-    uploads, refused, _, _ = loop.receive(state, 0, turns)
+    got = loop.receive(state, 0, turns)
+    uploads, refused = got.uploads, got.refused
     # a flipped bit may land where it changes nothing the server reads: such an upload is honest
     accepted_bad = [c for c in HOSTILE if c in uploads]
     for c in accepted_bad:

@@ -28,7 +28,7 @@ from osfl.data.imageset import DataSplits, ImageSet
 from osfl.errors import ConfigError
 from osfl.fl.cache import ClientCache
 from osfl.fl.context import ModelSpec, RunContext
-from osfl.fl.method import METHODS, Method
+from osfl.fl.method import METHODS, Method, Reporting, capability
 from osfl.fl.progress import Progress
 from osfl.fl.regimes import run_regime
 from osfl.fl.runtime.base import Job, PartitionedData, RunResult, Runtime
@@ -460,8 +460,8 @@ def run_record(
     record: dict[str, Any] = {
         **context,
         # what the numbers presuppose: tables never rank records of different regimes together
-        "regime": run_regime(job.method.regime, weights is not None),
-        "uploads": job.method.uploads,
+        "regime": run_regime(job.method.card.regime, weights is not None),
+        "uploads": job.method.card.uploads,
         "runtime": cfg.runtime,
         # torch threads each client trained with ("auto" resolved; null: not pinned)
         "threads_per_client": cfg.threads_per_client,
@@ -496,7 +496,8 @@ def run_record(
             else None,
             "objective": (card.get("objective") or {}).get("name"),
         }
-    extras = job.method.report(result.state)
+    reporting = capability(job.method, Reporting)
+    extras = reporting.report(result.state) if reporting is not None else {}
     if extras:
         record["server"] = extras
     return record

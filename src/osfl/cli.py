@@ -240,12 +240,12 @@ def registries() -> dict[str, list[str]]:
         tags = [
             t
             for t, on in (
-                ("one-shot", cls.one_shot),
-                ("default run", cls.default_run),
+                ("one-shot", cls.card.one_shot),
+                ("default run", cls.card.default_run),
             )
             if on
         ]
-        tags += [f"regime {cls.regime}", f"uploads {cls.uploads}"]
+        tags += [f"regime {cls.card.regime}", f"uploads {cls.card.uploads}"]
         return f"{name} ({', '.join(tags)})"
 
     out = {
@@ -264,16 +264,18 @@ def cmd_list(args: argparse.Namespace) -> int:
     if args.method:
         import osfl.methods  # noqa: F401  (registers the methods)
         from osfl.config import config_tree
-        from osfl.fl.method import METHODS
+        from osfl.fl.method import METHODS, capabilities_of
         from osfl.fl.regimes import REGIMES, UPLOAD_KINDS
 
         cls = METHODS.get(args.method)
+        card = cls.card
         console.print(f"[bold]{cls.name}[/bold]: {(cls.__doc__ or '').strip().splitlines()[0]}")
         console.print(
-            f"regime {cls.regime} ({REGIMES[cls.regime]}); uploads {cls.uploads} "
-            f"({UPLOAD_KINDS[cls.uploads]})",
+            f"regime {card.regime} ({REGIMES[card.regime]}); uploads {card.uploads} "
+            f"({UPLOAD_KINDS[card.uploads]})",
             markup=False,
         )
+        console.print(f"capabilities: {', '.join(capabilities_of(cls)) or '(core only)'}")
         console.print(f"options (set as method.{cls.name}.<key>=<value>), with their defaults:")
         console.print(config_tree(cls.Config).rstrip() or "(none)", markup=False)
         return 0

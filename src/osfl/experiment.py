@@ -26,6 +26,7 @@ from osfl.assembly import SeedContext
 from osfl.config import ExperimentConfig
 from osfl.data.imageset import DataSplits, ImageSet
 from osfl.errors import ConfigError
+from osfl.fl.method import rounds_of, secure_weighting_of
 from osfl.fl.observers import Checkpointer, Observer
 from osfl.fl.progress import Progress
 from osfl.fl.runtime.base import Job, Runtime
@@ -105,7 +106,7 @@ def run_method(
         job = dataclasses.replace(job, state_dir=state_dir(rundir, name, seed, context["point"]))
     audit = assembly.build_audit(cfg, job, ctx, rundir.path if rundir else None, context)
     obs = [*observers, *run_observers(cfg, job, context, rundir)]
-    if on_round is not None and job.method.rounds > 1:
+    if on_round is not None and rounds_of(job.method) > 1:
         obs.append(RoundsSoFar(context, on_round))
     if audit is not None:
         obs.append(audit.recorder)
@@ -159,7 +160,7 @@ def plan_experiment(
         for job in jobs:
             job.method.check()
             if cfg.secagg.enabled:  # every method, before the first one trains
-                why = secure_refusal(job.method.name, job.method.secure_weighting, cfg.server)
+                why = secure_refusal(job.method.name, secure_weighting_of(job.method), cfg.server)
                 if why is not None:
                     raise ConfigError(f"secure aggregation: {why}")
         seeds.append((ctx, jobs))

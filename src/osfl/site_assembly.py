@@ -21,6 +21,7 @@ from osfl.config import ExperimentConfig
 from osfl.data.imageset import DataSplits
 from osfl.errors import ConfigError
 from osfl.fl.context import RunContext
+from osfl.fl.method import SiteEvaluation, capability
 from osfl.fl.progress import Progress
 from osfl.fl.runtime.base import Job
 from osfl.fl.runtime.sites import NoClientData, SiteData, align_classes
@@ -123,7 +124,7 @@ def site_server_job(
     if server_test:
         test = _load(cfg, server_test, run.classes, f"server test data {server_test!r}").test
         evaluator = assembly.test_evaluator(test, run)
-    elif not method.site_evaluation:
+    elif capability(method, SiteEvaluation) is None:
         raise ConfigError(
             f"{name} cannot send its final model to the sites for evaluation without "
             "revealing what it learnt about individual clients; give the server a test "

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,23 +34,11 @@ from osfl.fl.training import (
 if TYPE_CHECKING:
     from osfl.data.imageset import ImageSet
     from osfl.data.transforms import Transform
-    from osfl.fl.context import ClientContext
+    from osfl.fl.context import ClientContext, SharedTraining
 
-__all__ = ["SharedTraining", "train_client", "train_clients_together"]
+__all__ = ["train_client", "train_clients_together"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class SharedTraining:
-    """What every client of a round trains when it is the plain shared step of
-    :func:`train_client`: ``model`` (holding the common initial weights) with
-    ``cfg``, the run's augmentation, cross-entropy, no objective terms. A method
-    that declares it (:meth:`osfl.fl.method.Method.shared_training`) lets the
-    simulation train the round's clients together (:func:`train_clients_together`)."""
-
-    model: nn.Module
-    cfg: TrainConfig
 
 
 def train_client(

@@ -34,7 +34,14 @@ if TYPE_CHECKING:
     from osfl.fl.cache import ClientCache
     from osfl.fl.train_config import TrainConfig
 
-__all__ = ["ClientContext", "ClientState", "ModelSpec", "RunContext", "derive_seed"]
+__all__ = [
+    "ClientContext",
+    "ClientState",
+    "ModelSpec",
+    "RunContext",
+    "SharedTraining",
+    "derive_seed",
+]
 
 
 @dataclass(frozen=True)
@@ -126,3 +133,17 @@ class ClientContext:
     def seed_for(self, *parts: object) -> int:
         """A deterministic seed from the run seed, this client and ``parts``."""
         return derive_seed(self.run.seed, self.client_id, self.round, *parts)
+
+
+@dataclass(frozen=True)
+class SharedTraining:
+    """What every client of a round trains when its turn is the plain shared
+    step of :func:`~osfl.fl.client_training.train_client`: ``model`` (holding
+    the common initial weights) with ``cfg``, the run's augmentation,
+    cross-entropy, no objective terms. A method that offers it
+    (:class:`osfl.fl.method.SharedTrainingStep`) lets the simulation train the
+    round's clients together (``batch_clients``). Here, beside the other shared
+    types, so that the method contract need not import the training code."""
+
+    model: nn.Module
+    cfg: TrainConfig

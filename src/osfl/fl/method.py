@@ -1,47 +1,49 @@
-"""The Method contract (docs/design.md §2) and its registry.
+"""The Method contract (docs/design.md §2): a small core every method
+implements, named optional capabilities a method opts into, and the registry.
 
-A method is a small class with a template-method round loop driven by a
-runtime (simulation or Flower); it never touches the runtime itself::
+A method is a small class driven by the round loop
+(:class:`~osfl.fl.runtime.rounds.RoundLoop`, Flower's strategy template); it
+never touches the runtime itself::
 
     method.check()                                           # refuse a bad run now
     state = method.init_state()
-    for r in range(method.rounds):
-        clients = method.sample_clients(r, num_clients, rng)
-        b = method.broadcast(state, r)                       # -> Broadcast
+    for r in range(rounds_of(method)):                        # MultiRound, else 1
+        clients = sample_clients(method, r, num_clients, rng) # MultiRound, else all
+        b = method.broadcast(state, r)                        # -> Broadcast
         uploads = {c: method.client_update(ctx_c, b, data_c)} # -> Upload each
         # each upload validated against method.upload_spec(state, r, c)
-        state = method.aggregate(state, uploads, r)          # valid uploads only
-    predictor = method.predictor(state)                      # -> Predictor
+        state = method.aggregate(state, uploads, r)           # valid uploads only
+    predictor = method.predictor(state)                       # -> Predictor
 
-``ctx_c.state`` is client ``c``'s own :class:`~osfl.fl.context.ClientState`
-from earlier rounds; the runtime keeps what ``client_update`` leaves there.
-One-shot methods have ``rounds == 1``. A method's defaults are a frozen
-dataclass (``Config``) registered with it under a lowercase paper name.
+**The core** (:class:`Method`): ``name``, ``Config`` (a frozen dataclass of
+options), ``card`` (what the method is: :class:`MethodCard`), the six
+abstract protocol steps above, ``check`` and ``public_hparams``.
 
-Optional, declared hooks (no-ops here; no runtime looks for undeclared ones):
-:meth:`Method.audit_history` (scheme state the server knows of a client, for
-privacy audits), :meth:`Method.report` (JSON-able extras for the run's record,
-e.g. server phase times) and :meth:`Method.artifacts` (tensors worth keeping,
-e.g. a synthetic pool for figures) and :meth:`Method.shared_training` (the
-round's clients all run the plain cached training step, so the simulation may
-train them together). Cross-cutting concerns wrap a method
-(:class:`MethodWrapper`), as Flower's DP and SecAgg wrappers wrap a strategy.
+**Capabilities** (:class:`Capability` subclasses) are the optional parts. A
+method opts into one by inheriting it, so that what a method can do is
+visible in its class line and ``issubclass`` answers it; no runtime looks for
+an undeclared hook. :func:`capability` finds the object that implements a
+capability, through any wrappers. :data:`CAPABILITIES` names them all (the
+registry-wide contract test checks each declared one).
+
+Cross-cutting concerns wrap a method (:class:`MethodWrapper`), as Flower's DP
+and SecAgg wrappers wrap a strategy: the wrapper forwards the core (a test
+proves it forwards all of it) and capabilities are found on the wrapped method.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
 import torch
 from torch import nn
 
 from osfl.errors import ConfigError
-from osfl.fl.client_training import SharedTraining
-from osfl.fl.context import ClientContext, RunContext
+from osfl.fl.context import ClientContext, RunContext, SharedTraining
 from osfl.fl.upload import Broadcast, Upload, UploadSpec
 from osfl.registry import Registry
 
@@ -68,56 +70,44 @@ class PerClientPredictor(Predictor):
         raise TypeError("PerClientPredictor has one model per client; evaluate each")
 
 
-class Method(ABC):
-    """Base class of every FL method. Subclasses set ``name`` and ``Config``.
+@dataclass(frozen=True)
+class MethodCard:
+    """What a method is, as users, tables and tests see it (no behaviour).
 
-    ``smoke``: dotted experiment overrides that make the method run in seconds
-    on the tiny digits task (fewer server epochs, a ViT where it needs one); the
-    registry-wide contract tests run every method with them, so a new method is
-    tested without writing a test.
-    """
+    ``regime`` / ``uploads``: the method's regime as its paper runs it and
+    what its clients send (keys of :data:`osfl.fl.regimes.REGIMES` and
+    ``UPLOAD_KINDS``). ``one_shot``: one upload per client as the paper runs
+    it. ``default_run``: joins the embedded default ``osfl run`` table, ordered
+    by ``default_order``. ``smoke``: dotted experiment overrides that run the
+    method in seconds on the tiny digits task (fewer server epochs, a ViT where
+    it needs one); the registry-wide contract test runs every method with them,
+    so a new method is tested without writing a test."""
+
+    regime: str = "scratch"
+    uploads: str = "weights"
+    one_shot: bool = True
+    default_run: bool = False
+    default_order: int = 100
+    smoke: tuple[str, ...] = ()
+
+
+class Method(ABC):
+    """The core every FL method implements. Subclasses set ``Config`` (and
+    ``card``); :func:`register_method` sets ``name``."""
 
     name: ClassVar[str]
     Config: ClassVar[type]
-    one_shot: ClassVar[bool] = True
-    #: Joins the embedded default ``osfl run`` table (ordered by ``default_order``).
-    default_run: ClassVar[bool] = False
-    default_order: ClassVar[int] = 100
-    smoke: ClassVar[tuple[str, ...]] = ()
-    #: Whether :meth:`release` gives a final state the sites may evaluate
-    #: (real sites without a server test set evaluate the predictor locally).
-    site_evaluation: ClassVar[bool] = False
-    #: The method's regime as its paper runs it (a key of :data:`REGIMES`).
-    regime: ClassVar[str] = "scratch"
-    #: What its clients send (a key of :data:`UPLOAD_KINDS`).
-    uploads: ClassVar[str] = "weights"
+    card: ClassVar[MethodCard] = MethodCard()
 
     def __init__(self, config: Any, run: RunContext):
         self.config = config
         self.run = run
-
-    # --- round structure -------------------------------------------------
-    @property
-    def rounds(self) -> int:
-        """Communication rounds (one-shot methods: 1)."""
-        return 1
-
-    def sample_clients(self, round: int, num_clients: int, rng: np.random.Generator) -> list[int]:
-        """Clients taking part in ``round``; default all of them."""
-        return list(range(num_clients))
 
     def check(self) -> None:
         """Refuse a run this method cannot do (model, data, options) with a
         :class:`~osfl.errors.ConfigError`, before any client trains."""
         return None
 
-    def starts_from(self) -> str | None:
-        """The registered method whose result this one starts from and should
-        improve on (e.g. ``"fedavg"`` for a server that fine-tunes the clients'
-        average), or ``None``; the contract tests hold it to that."""
-        return None
-
-    # --- the protocol ----------------------------------------------------
     @abstractmethod
     def init_state(self) -> Any:
         """The server's state before round 0."""
@@ -128,19 +118,14 @@ class Method(ABC):
 
     @abstractmethod
     def client_update(self, ctx: ClientContext, broadcast: Broadcast, data: ImageSet) -> Upload:
-        """Local work on one client's data; returns its upload. ``ctx.state``
-        holds what this client kept from earlier rounds (and keeps what is left)."""
+        """Local work on one client's data; returns its upload. A method that
+        keeps something between rounds in ``ctx.state`` declares
+        :class:`KeepsClientState`."""
 
     @abstractmethod
     def upload_spec(self, state: Any, round: int, client: int) -> UploadSpec:
         """What client ``client``'s upload of ``round`` must look like (checked
         before ``aggregate``; a refused upload never reaches it)."""
-
-    def screen(self, state: Any, round: int, client: int, upload: Upload) -> str | None:
-        """Why a valid upload must still be refused (``None``: accept it): a check
-        its spec cannot express, e.g. a member model whose outputs are not finite
-        (``server.member_filter``). A refusal here is recorded like any other."""
-        return None
 
     @abstractmethod
     def aggregate(self, state: Any, uploads: Mapping[int, Upload], round: int) -> Any:
@@ -150,65 +135,208 @@ class Method(ABC):
     def predictor(self, state: Any) -> Predictor:
         """The final classifier."""
 
-    # --- what an honest-but-curious server knows --------------------------
     def public_hparams(self) -> dict[str, Any]:
         """Training hyper-parameters the server knows (for Observations)."""
         return {"method": self.name, "train": asdict(self.run.train)}
 
-    # --- optional hooks ----------------------------------------------------
+
+# --------------------------------------------------------------------------- capabilities
+class Capability(ABC):  # noqa: B024 - a marker base: KeepsClientState has no members
+    """A named optional part of the Method contract, opted into by inheriting it."""
+
+
+class MultiRound(Capability):
+    """More than one round, or a sampled subset of the clients per round
+    (without it: one round, every client)."""
+
+    @property
+    @abstractmethod
+    def rounds(self) -> int:
+        """Communication rounds."""
+
+    def sample_clients(self, round: int, num_clients: int, rng: np.random.Generator) -> list[int]:
+        """Clients taking part in ``round`` (``rng``: the run's seeded sampler); all here."""
+        return list(range(num_clients))
+
+
+class KeepsClientState(Capability):
+    """Each client keeps tensors between rounds in ``ctx.state`` (SCAFFOLD's
+    ``c_i``, EFTViT's private local module); the runtime persists them (a dict
+    of bytes in the simulation, the SuperNode's ``Context.state`` under
+    Flower). Without it a client's state must stay empty."""
+
+
+class Screening(Capability):
+    """A judgement on a spec-valid upload as a whole, which a spec cannot
+    express (a statistic that is not a scatter, a member model whose outputs
+    overflow, an update beyond ``server.max_update_norm``)."""
+
+    @abstractmethod
+    def screen(self, state: Any, round: int, client: int, upload: Upload) -> str | None:
+        """Why ``upload`` must be refused, or ``None`` to keep it; a refusal is
+        recorded like any other."""
+
+
+class SecureAggregation(Capability):
+    """The server needs only the clients' weighted mean, so the round may run
+    under Flower's SecAgg+ (docs/secure-aggregation.md), where the server
+    learns that mean and never an upload."""
+
+    @property
+    @abstractmethod
+    def secure_weighting(self) -> str | None:
+        """A name in ``osfl.fl.secagg_config.SECURE_WEIGHTINGS`` (``data_size``,
+        ``uniform``), or ``None`` when this configuration needs every upload."""
+
+    @abstractmethod
+    def aggregate_mean(self, state: Any, mean: Upload, round: int) -> Any:
+        """The new state from the round's weighted mean (``mean.meta
+        ["num_samples"]``: the total weight); equal to ``aggregate`` of the
+        uploads behind it, up to SecAgg+'s quantisation."""
+
+
+class SharedTrainingStep(Capability):
+    """Every client of a round may run the plain cached training step, so the
+    simulation (``batch_clients``) may train them as one batched step."""
+
+    @abstractmethod
+    def shared_training(self, broadcast: Broadcast, round: int) -> SharedTraining | None:
+        """What every client of ``round`` trains from ``broadcast`` (same
+        weights, the run's augmentation, cross-entropy, no terms), or ``None``
+        when this round's clients train one by one."""
+
+
+class SiteEvaluation(Capability):
+    """The final state can go to the sites, which score it on their own test
+    data when the server holds no test set."""
+
+    @abstractmethod
+    def release(self, state: Any) -> Any:
+        """The part of the final ``state`` that ``predictor`` needs and that
+        every site may see. It must not carry what the server learnt about
+        individual clients beyond the predictor itself (SCAFFOLD's per-client
+        control variates, EFTViT's per-client histograms)."""
+
+
+class AuditHistory(Capability):
+    """Scheme state the server knows of a client (RLU's ``h`` term)."""
+
+    @abstractmethod
     def audit_history(
         self, state: Any, client: int, upload_meta: Mapping[str, Any] | None = None
     ) -> dict[str, torch.Tensor]:
-        """``history.*`` tensors: scheme state the server knows of ``client`` at
-        the start of the round after ``state`` (RLU's ``h`` term); none here."""
-        return {}
+        """``history.*`` tensors: what the server knows of ``client`` at the
+        start of the round after ``state``."""
 
+
+class Reporting(Capability):
+    """JSON-able extras for the run's record (server phase times, FLOPs)."""
+
+    @abstractmethod
     def report(self, state: Any) -> dict[str, Any]:
-        """JSON-able extras for the run's record (e.g. server phase times)."""
-        return {}
+        """The extras of the final ``state``."""
 
+
+class Artifacts(Capability):
+    """Tensors of a finished run worth keeping (e.g. a synthetic pool)."""
+
+    @abstractmethod
     def artifacts(self, state: Any) -> dict[str, torch.Tensor]:
-        """Tensors of a finished run worth keeping (e.g. a synthetic pool)."""
-        return {}
+        """The tensors of the final ``state``."""
 
-    @property
-    def secure_weighting(self) -> str | None:
-        """How the server weights the clients when it may only see their sum
-        (Flower's SecAgg+, docs/secure-aggregation.md): a name in
-        ``SECURE_WEIGHTINGS`` (``data_size``, ``uniform``), or ``None`` when
-        the method needs every client's upload (ensembles, distillation,
-        per-client server state), so it refuses secure aggregation."""
-        return None
 
-    def shared_training(self, broadcast: Broadcast, round: int) -> SharedTraining | None:
-        """What every client of ``round`` trains when ``client_update`` is the
-        plain :func:`~osfl.fl.client_training.train_client` step from
-        ``broadcast`` (same weights, the run's augmentation, cross-entropy, no
-        terms), so the simulation may train them as one batched step
-        (``batch_clients``) and hand each its result through the client cache.
-        ``None`` (here): clients train one by one."""
-        return None
+class ImprovesOn(Capability):
+    """The method starts from another registered method's result and should
+    improve on it; the contract test holds it to that."""
 
-    def release(self, state: Any) -> Any:
-        """The part of the final ``state`` that ``predictor`` needs and that
-        every site may see: what the server sends the sites to evaluate when
-        it holds no test set of its own. It must not carry what the server
-        learnt about individual clients beyond the predictor itself (SCAFFOLD's
-        per-client control variates, EFTViT's per-client histograms). Methods
-        that implement it set ``site_evaluation``."""
+    @abstractmethod
+    def starts_from(self) -> str | None:
+        """That method's name (e.g. ``"fedavg"`` for a server that fine-tunes
+        the clients' average), or ``None`` in this configuration."""
+
+
+#: Every capability, by the name ``osfl list`` and the docs use.
+CAPABILITIES: dict[str, type[Capability]] = {
+    "multi_round": MultiRound,
+    "client_state": KeepsClientState,
+    "screening": Screening,
+    "secure_aggregation": SecureAggregation,
+    "shared_training": SharedTrainingStep,
+    "site_evaluation": SiteEvaluation,
+    "audit_history": AuditHistory,
+    "report": Reporting,
+    "artifacts": Artifacts,
+    "improves_on": ImprovesOn,
+}
+
+C = TypeVar("C", bound=Capability)
+
+
+def capability(method: Method, cap: type[C]) -> C | None:
+    """The object implementing ``cap`` for ``method``: the method itself, or
+    for a wrapper the outermost wrapped layer that declares it; ``None`` when
+    no layer does."""
+    layer: Method | None = method
+    while layer is not None:
+        if isinstance(layer, cap):
+            return layer
+        layer = layer.inner if isinstance(layer, MethodWrapper) else None
+    return None
+
+
+def capabilities_of(cls: type) -> list[str]:
+    """The names of the capabilities a method class declares."""
+    return [name for name, cap in CAPABILITIES.items() if issubclass(cls, cap)]
+
+
+def rounds_of(method: Method) -> int:
+    """The method's communication rounds (1 without :class:`MultiRound`)."""
+    multi = capability(method, MultiRound)
+    return 1 if multi is None else multi.rounds
+
+
+def sample_clients(
+    method: Method, round: int, num_clients: int, rng: np.random.Generator
+) -> list[int]:
+    """The clients of ``round`` (every client without :class:`MultiRound`)."""
+    multi = capability(method, MultiRound)
+    if multi is None:
+        return list(range(num_clients))
+    return multi.sample_clients(round, num_clients, rng)
+
+
+def keeps_client_state(method: Method) -> bool:
+    return capability(method, KeepsClientState) is not None
+
+
+def secure_weighting_of(method: Method) -> str | None:
+    """How ``method`` weights its clients under SecAgg+ (``None``: it needs
+    their individual uploads, so it refuses secure aggregation)."""
+    secure = capability(method, SecureAggregation)
+    return None if secure is None else secure.secure_weighting
+
+
+def release_for_sites(method: Method, state: Any) -> Any:
+    """What the server sends the sites to evaluate (:class:`SiteEvaluation`),
+    or a ConfigError saying what to do instead."""
+    site = capability(method, SiteEvaluation)
+    if site is None:
         raise ConfigError(
-            f"{self.name} cannot send its final model to the sites for evaluation; "
+            f"{method.name} cannot send its final model to the sites for evaluation; "
             "give the server a test set (run config 'server-test')"
         )
+    return site.release(state)
 
 
+# --------------------------------------------------------------------------- wrappers
 class MethodWrapper(Method):
-    """A method around ``inner`` that forwards every part of the contract.
+    """A method around ``inner`` that forwards the core of the contract.
 
     Subclasses override only what they change (a client-side defence replaces
-    ``client_update``, a robust server ``aggregate``), the way Flower's DP and
-    SecAgg wrappers wrap a strategy. ``name``, ``Config``, ``config``, ``run``
-    and the class flags are the inner method's.
+    ``client_update``), the way Flower's DP and SecAgg wrappers wrap a
+    strategy. ``name``, ``Config``, ``card``, ``config`` and ``run`` are the
+    inner method's; capabilities are found on the inner method by
+    :func:`capability` (a wrapper that changes one inherits it and implements it).
     """
 
     def __init__(self, inner: Method):
@@ -224,29 +352,11 @@ class MethodWrapper(Method):
         return self.inner.Config
 
     @property  # type: ignore[override]
-    def one_shot(self) -> bool:  # type: ignore[override]
-        return self.inner.one_shot
-
-    @property  # type: ignore[override]
-    def regime(self) -> str:  # type: ignore[override]
-        return self.inner.regime
-
-    @property  # type: ignore[override]
-    def uploads(self) -> str:  # type: ignore[override]
-        return self.inner.uploads
-
-    @property
-    def rounds(self) -> int:
-        return self.inner.rounds
-
-    def sample_clients(self, round: int, num_clients: int, rng: np.random.Generator) -> list[int]:
-        return self.inner.sample_clients(round, num_clients, rng)
+    def card(self) -> MethodCard:  # type: ignore[override]
+        return self.inner.card
 
     def check(self) -> None:
         self.inner.check()
-
-    def starts_from(self) -> str | None:
-        return self.inner.starts_from()
 
     def init_state(self) -> Any:
         return self.inner.init_state()
@@ -260,9 +370,6 @@ class MethodWrapper(Method):
     def upload_spec(self, state: Any, round: int, client: int) -> UploadSpec:
         return self.inner.upload_spec(state, round, client)
 
-    def screen(self, state: Any, round: int, client: int, upload: Upload) -> str | None:
-        return self.inner.screen(state, round, client, upload)
-
     def aggregate(self, state: Any, uploads: Mapping[int, Upload], round: int) -> Any:
         return self.inner.aggregate(state, uploads, round)
 
@@ -272,32 +379,8 @@ class MethodWrapper(Method):
     def public_hparams(self) -> dict[str, Any]:
         return self.inner.public_hparams()
 
-    def audit_history(
-        self, state: Any, client: int, upload_meta: Mapping[str, Any] | None = None
-    ) -> dict[str, torch.Tensor]:
-        return self.inner.audit_history(state, client, upload_meta)
 
-    def report(self, state: Any) -> dict[str, Any]:
-        return self.inner.report(state)
-
-    def artifacts(self, state: Any) -> dict[str, torch.Tensor]:
-        return self.inner.artifacts(state)
-
-    @property
-    def site_evaluation(self) -> bool:  # type: ignore[override]
-        return self.inner.site_evaluation
-
-    @property
-    def secure_weighting(self) -> str | None:
-        return self.inner.secure_weighting
-
-    def shared_training(self, broadcast: Broadcast, round: int) -> SharedTraining | None:
-        return self.inner.shared_training(broadcast, round)
-
-    def release(self, state: Any) -> Any:
-        return self.inner.release(state)
-
-
+# --------------------------------------------------------------------------- helpers
 def round_half_up(x: float) -> int:
     return int(np.floor(x + 0.5))
 

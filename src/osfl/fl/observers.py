@@ -31,6 +31,7 @@ import torch
 from safetensors.torch import save_file
 
 from osfl.errors import ConfigError
+from osfl.fl.method import AuditHistory, capability
 from osfl.fl.observation import Observation, observe, save_tensors
 from osfl.fl.upload import Broadcast, Upload
 
@@ -230,8 +231,9 @@ class ObservationRecorder(Observer):
         received = self._broadcasts.pop((round, client), None)
         tensors, shared = self._round_broadcast(round, received)
         history = {}
-        if self.method is not None and self._state is not None:
-            history = self.method.audit_history(self._state, client, upload.meta)
+        auditable = capability(self.method, AuditHistory) if self.method is not None else None
+        if auditable is not None and self._state is not None:
+            history = auditable.audit_history(self._state, client, upload.meta)
         obs = observe(
             client,
             round,

@@ -4,8 +4,8 @@ The one-shot literature has split into regimes whose numbers cannot be
 compared: client models trained from scratch (FAFI, Co-Boosting, DENSE, ...),
 a frozen pretrained encoder with statistics or a generator (FALCON, FedCGS,
 FedPFT, GH-OFL), and a pretrained generator on the server (FedLMG, OSCAR,
-FedDEO). Each method declares its regime (``Method.regime``) and its upload
-kind (``Method.uploads``); each record says which regime the run was really
+FedDEO). Each method declares its regime (``Method.card.regime``) and its upload
+kind (``Method.card.uploads``); each record says which regime the run was really
 in, and every table keeps one scoreboard per regime.
 """
 

@@ -157,7 +157,7 @@ SECURE_WEIGHTINGS.add("uniform", SecureWeighting(lambda up: 1, lambda n: 1))
 def secure_refusal(method_name: str, weighting: str | None, server: ServerConfig) -> str | None:
     """Why a run cannot use secure aggregation (``None``: it can).
 
-    ``weighting``: the method's declaration (``Method.secure_weighting``) that
+    ``weighting``: the method's declaration (``SecureAggregation.secure_weighting``) that
     its ``aggregate`` needs only the mean of the uploads' tensors weighted by
     this :data:`SECURE_WEIGHTINGS` rule, and gives the same state from that
     mean alone (one upload keyed :data:`SECURE_AGGREGATE`); ``None``: it

@@ -27,7 +27,7 @@ from osfl.fl.observers import Observer
 from osfl.fl.progress import ProgressTask
 from osfl.fl.runtime.base import Job, RunResult
 from osfl.fl.runtime.client import ClientTurn
-from osfl.fl.runtime.rounds import RoundLoop
+from osfl.fl.runtime.rounds import ClientTransport, RoundLoop
 from osfl.fl.runtime.sites import SiteScore
 from osfl.flower.client import ERROR_CLIENT_FAILED
 from osfl.flower.records import (
@@ -135,7 +135,7 @@ def reply_payload(
     return env
 
 
-class GridTransport:
+class GridTransport(ClientTransport):
     """One train message per client, sent together; replies in client order."""
 
     def __init__(

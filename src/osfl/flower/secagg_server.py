@@ -20,8 +20,11 @@ receives the unmasked result (line 665). :class:`SecAggPlusTransport` gives it
 a one-round strategy whose FitIns carry osfl's broadcast and envelope
 (:class:`~osfl.fl.secagg_config.SecureKey`), and keeps the result: the
 weighted *mean* ``sum_i n_i w_i / sum_i n_i`` (lines 640-650), ``n_i`` the
-clients' weights. :class:`SecureRoundLoop` hands that mean to
-``method.aggregate`` as the round's one upload.
+clients' weights. It is the shared round loop's transport
+(:class:`~osfl.fl.runtime.rounds.RoundLoop`): its ``collect`` returns that
+mean as the round's :class:`~osfl.fl.runtime.rounds.RoundUploads`, which the
+loop hands to the method's ``aggregate_mean``
+(:class:`~osfl.fl.method.SecureAggregation`).
 
 The server can still check each reply's *form* (every stage's keys and types,
 the masked arrays' shapes, a digest of the summed layout) and the clear-text
@@ -34,7 +37,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,17 +62,15 @@ from flwr.supercore.run import Run
 
 from osfl.errors import ConfigError, UploadError
 from osfl.fl.context import ClientState
-from osfl.fl.observers import Observer, Observers
-from osfl.fl.progress import ProgressTask
-from osfl.fl.runtime.base import Job, RoundRecord, RunResult
-from osfl.fl.runtime.client import ClientTurn
+from osfl.fl.method import secure_weighting_of
+from osfl.fl.observers import Observer
+from osfl.fl.runtime.base import Job, RunResult
 from osfl.fl.runtime.identity import job_digest
-from osfl.fl.runtime.rounds import RoundLoop
+from osfl.fl.runtime.rounds import Inbox, RoundLoop, RoundUploads
 from osfl.fl.runtime.sites import SiteScore
 from osfl.fl.secagg_config import (
     BROADCAST_TENSOR_TYPE,
     MODULUS_BITS,
-    SECURE_AGGREGATE,
     SECURE_WEIGHTINGS,
     Layout,
     QuantizationPlan,
@@ -81,7 +81,7 @@ from osfl.fl.secagg_config import (
     plan_round,
     secure_refusal,
 )
-from osfl.fl.upload import Broadcast, Upload
+from osfl.fl.upload import Upload
 from osfl.flower.client import ERROR_CLIENT_FAILED
 from osfl.flower.grid import FlowerGridRuntime, GridTransport, discover_clients
 
@@ -89,7 +89,6 @@ __all__ = [
     "SecAggPlusTransport",
     "SecureGridRuntime",
     "SecureRound",
-    "SecureRoundLoop",
     "execute_secure",
     "grid_runtime",
     "message_nbytes",
@@ -313,18 +312,25 @@ def vector_problem(
 
 # --------------------------------------------------------------------------- the transport
 class SecAggPlusTransport:
-    """One SecAgg+ round over the ServerApp's ``grid`` per call of
-    :meth:`secure_mean`: the broadcast goes to the round's clients inside their
-    FitIns; back comes the mean of their uploads weighted by ``weighting`` (a
+    """One SecAgg+ round over the ServerApp's ``grid`` per round of the loop:
+    the broadcast goes to the round's clients inside their FitIns; back comes
+    the mean of their uploads weighted by ``weighting`` (a
     :data:`~osfl.fl.secagg_config.SECURE_WEIGHTINGS` name), never an upload.
     ``nodes``: client id -> node id (a client without one is out of every
     round, as under the plain transport).
 
-    The rest of the round loop's :class:`~osfl.fl.runtime.rounds.Transport`:
-    :meth:`exchange` (individual uploads) is refused, :meth:`restore` has
-    nothing to give back (each SuperNode keeps its state), and
-    :meth:`evaluate` is the plain :class:`GridTransport`'s (the released final
-    model goes to the sites in clear anyway; they answer with counts)."""
+    As the round loop's :class:`~osfl.fl.runtime.rounds.Transport`: no upload
+    is parsed, validated, screened or observed (observers see the broadcasts
+    only), and nothing goes through the pending uploads of the round
+    checkpoints: a SecAgg+ round is all or nothing, and a run stopped inside
+    one runs it again on restart (its checkpoints are tagged ``secagg``, so a
+    plain run's are never continued under SecAgg+, nor the reverse).
+    :meth:`restore` has nothing to give back (each SuperNode keeps its state),
+    and :meth:`evaluate` is the plain :class:`GridTransport`'s (the released
+    final model goes to the sites in clear anyway; they answer with counts).
+    ``history`` keeps what the server learnt in each round this process ran."""
+
+    checkpoint_tag = "secagg"
 
     def __init__(
         self,
@@ -342,14 +348,33 @@ class SecAggPlusTransport:
         self.weighting = SECURE_WEIGHTINGS.get(weighting)
         self.weighting_name = weighting
         self.plain = GridTransport(grid, self.nodes, digest, timeout, num_classes)
+        self.history: list[SecureRound] = []
 
     # --- the Transport protocol ----------------------------------------------------
-    def exchange(
-        self, round: int, clients: list[int], payload: bytes, task: ProgressTask
-    ) -> dict[int, ClientTurn]:
-        raise ConfigError(
-            "SecAgg+ returns the clients' weighted mean, never an individual upload: run "
-            "this transport with SecureRoundLoop (execute_secure), not the plain RoundLoop"
+    def collect(
+        self, inbox: Inbox, state: Any, round: int, clients: list[int], payload: bytes
+    ) -> RoundUploads:
+        """The round's weighted mean (the specs bound each client's weight)."""
+        specs = {c: inbox.spec_for(state, round, c) for c in clients}
+        layout = layout_of(specs)
+        fallback = inbox.job.run.server.max_num_samples
+        bounds = {c: int(specs[c].meta["num_samples"].high or fallback) for c in clients}
+        with inbox.task(round, "SecAgg+", 1) as task:
+            secure = self.secure_mean(round, clients, payload, layout, bounds)
+            task.advance()
+        self.history.append(secure)
+        accepted = sorted(secure.weights)
+        log.info(
+            "round %d: SecAgg+ mean of clients %s; dropped %s", round, accepted, secure.dropped
+        )
+        return RoundUploads(
+            accepted=accepted,
+            refused=dict(secure.dropped),
+            mean=secure.upload(layout),
+            bytes_up={c: secure.bytes_up.get(c, 0) for c in accepted},
+            bytes_down={c: secure.bytes_down.get(c, 0) for c in clients},
+            bytes_refused=sum(secure.bytes_up.get(c, 0) for c in secure.dropped),
+            warnings={c: list(n) for c, n in secure.notes.items()},
         )
 
     def client_states(self) -> dict[int, ClientState]:
@@ -483,93 +508,11 @@ class SecAggPlusTransport:
         )
 
 
-# --------------------------------------------------------------------------- the round loop
+# --------------------------------------------------------------------------- the runtime
 def secure_checkpoint_digest(digest: str) -> str:
-    """The job digest a secure run's checkpoints carry: a plain run's
-    checkpoint is never continued under SecAgg+, nor the reverse, so that a
-    record never claims secure rounds whose uploads the server saw (or the
-    reverse)."""
-    return f"{digest}+secagg"
-
-
-class SecureRoundLoop(RoundLoop):
-    """The shared round loop with SecAgg+ in place of individual uploads: each
-    round ``method.aggregate`` receives one upload, the clients' weighted mean
-    keyed :data:`~osfl.fl.secagg_config.SECURE_AGGREGATE`. No upload is
-    parsed, validated, screened or observed (observers see the broadcasts
-    only), so nothing goes through :meth:`RoundLoop.receive` or the pending
-    uploads of :class:`~osfl.fl.runtime.checkpoint.RoundCheckpoints`: a SecAgg+
-    round is all or nothing, and a run stopped inside one runs it again on
-    restart. A finished round is checkpointed and resumed as in the plain
-    loop (under :func:`secure_checkpoint_digest`). ``history`` keeps what the
-    server learnt in each round this process ran."""
-
-    def __init__(
-        self,
-        job: Job,
-        transport: SecAggPlusTransport,
-        observers: Sequence[Observer] = (),
-        *,
-        threads: int | None = None,
-    ):
-        super().__init__(job, transport, observers, threads=threads)
-        self.secure = transport
-        self.others = Observers(observers)  # broadcasts; the ByteCounter gets protocol bytes
-        self.digest = secure_checkpoint_digest(self.digest)
-        self.history: list[SecureRound] = []
-
-    def one_round(self, state: Any, r: int) -> tuple[Any, RoundRecord]:
-        method, job = self.method, self.job
-        t = time.perf_counter()
-        clients = method.sample_clients(r, job.num_clients, self.rng)
-        specs = {c: self.spec_for(state, r, c) for c in clients}
-        layout = layout_of(specs)
-        fallback = job.run.server.max_num_samples
-        bounds = {c: int(specs[c].meta["num_samples"].high or fallback) for c in clients}
-        payload = method.broadcast(state, r).to_bytes()
-        t_server = time.perf_counter() - t
-        sent = Broadcast.from_bytes(payload)
-        for c in clients:
-            self.others.on_broadcast(r, c, sent, len(payload))
-
-        t = time.perf_counter()
-        with job.run.progress.task(f"{method.name}: round {r + 1}, SecAgg+", 1) as task:
-            secure = self.secure.secure_mean(r, clients, payload, layout, bounds)
-            task.advance()
-        t_client = time.perf_counter() - t
-        self.history.append(secure)
-        accepted = sorted(secure.weights)
-        need = job.run.server.min_clients
-        if len(accepted) < need:
-            why = "; ".join(f"client {c}: {w}" for c, w in sorted(secure.dropped.items()))
-            raise UploadError(
-                f"round {r}: SecAgg+ summed {len(accepted)} client(s) of {len(clients)}, fewer "
-                f"than server.min_clients={need} ({why})"
-            )
-
-        t = time.perf_counter()
-        state = method.aggregate(state, {SECURE_AGGREGATE: secure.upload(layout)}, r)
-        t_server += time.perf_counter() - t
-        for c in accepted:  # as the plain loop counts accepted uploads only
-            self.bytes.up[r][c] += secure.bytes_up.get(c, 0)
-        for c in clients:
-            self.bytes.down[r][c] += secure.bytes_down.get(c, 0)
-        self.times["client"] += t_client
-        self.times["server"] += t_server
-        log.info("round %d: SecAgg+ mean of clients %s; dropped %s", r, accepted, secure.dropped)
-        record = RoundRecord(
-            round=r,
-            clients=list(clients),
-            accepted=accepted,
-            refused=dict(secure.dropped),
-            bytes_up=sum(secure.bytes_up.get(c, 0) for c in accepted),
-            bytes_down=sum(secure.bytes_down.get(c, 0) for c in clients),
-            bytes_refused=sum(secure.bytes_up.get(c, 0) for c in secure.dropped),
-            time_client_s=t_client,
-            time_server_s=t_server,
-            warnings={c: list(n) for c, n in secure.notes.items()},
-        )
-        return state, record
+    """The job digest a secure run's checkpoints carry (the round loop adds
+    the transport's ``checkpoint_tag``)."""
+    return f"{digest}+{SecAggPlusTransport.checkpoint_tag}"
 
 
 def execute_secure(
@@ -586,9 +529,9 @@ def execute_secure(
 ) -> RunResult:
     """``FlowerGridRuntime.execute`` under SecAgg+: refuse what cannot run
     (:func:`~osfl.fl.secagg_config.secure_refusal`; ``weighting``: the
-    method's ``secure_weighting``), discover the nodes, run
-    :class:`SecureRoundLoop`. ``digest`` is the one the nodes must have built
-    (default: this job's)."""
+    method's ``secure_weighting``), discover the nodes, run the round loop
+    over :class:`SecAggPlusTransport`. ``digest`` is the one the nodes must
+    have built (default: this job's)."""
     job.method.check()
     why = secure_refusal(job.method.name, weighting, job.run.server)
     if why is not None:
@@ -607,7 +550,7 @@ def execute_secure(
     transport = SecAggPlusTransport(
         grid, nodes, digest, config, round_timeout, weighting, num_classes=job.run.num_classes
     )
-    return SecureRoundLoop(job, transport, observers, threads=threads).execute()
+    return RoundLoop(job, transport, observers, threads=threads).execute()
 
 
 class SecureGridRuntime(FlowerGridRuntime):
@@ -625,7 +568,7 @@ class SecureGridRuntime(FlowerGridRuntime):
             self.grid,
             job,
             self.config,
-            weighting=job.method.secure_weighting,
+            weighting=secure_weighting_of(job.method),
             observers=observers,
             digest=digest,
             round_timeout=self.round_timeout,

@@ -3,7 +3,7 @@ in :data:`osfl.fl.method.METHODS`.
 
 Baselines here: ``local`` (each client alone, the floor), ``fedavg`` (one-shot
 with ``rounds=1``, else multi-round), ``fedprox`` and ``ensemble``. A method
-class may set ``default_run = True`` to join the embedded default ``osfl run``
+class may set ``card = MethodCard(default_run=True, ...)`` to join the embedded default ``osfl run``
 (ordered by ``default_order``).
 """
 
@@ -52,5 +52,5 @@ __all__ = [
 
 def default_methods() -> list[str]:
     """Names of the methods that mark themselves ``default_run``, in table order."""
-    chosen = [n for n in METHODS.names() if METHODS.get(n).default_run]
-    return sorted(chosen, key=lambda n: (METHODS.get(n).default_order, n))
+    chosen = [n for n in METHODS.names() if METHODS.get(n).card.default_run]
+    return sorted(chosen, key=lambda n: (METHODS.get(n).card.default_order, n))

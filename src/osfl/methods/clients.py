@@ -26,9 +26,9 @@ from torch import nn
 
 from osfl.data.imageset import ImageSet
 from osfl.fl.aggregators import aggregate_states, weighted_mean
-from osfl.fl.client_training import SharedTraining, train_client
-from osfl.fl.context import ClientContext, RunContext
-from osfl.fl.method import Method, Predictor
+from osfl.fl.client_training import train_client
+from osfl.fl.context import ClientContext, RunContext, SharedTraining
+from osfl.fl.method import Method, MethodCard, Predictor, Screening, SharedTrainingStep
 from osfl.fl.seeds import derive_seed
 from osfl.fl.train_config import TrainConfig
 from osfl.fl.training import init_model
@@ -206,7 +206,7 @@ def member_problem(
     return None
 
 
-class ClientModelsMethod(Method):
+class ClientModelsMethod(Method, Screening, SharedTrainingStep):
     """One-shot: broadcast the common initial weights, each client uploads its
     locally trained model (via the shared cache), the server keeps them all.
 
@@ -214,7 +214,7 @@ class ClientModelsMethod(Method):
     "num_samples": {id: n}}``. Subclasses only choose the predictor.
     """
 
-    one_shot: ClassVar[bool] = True
+    card: ClassVar[MethodCard] = MethodCard(one_shot=True)
 
     def init_state(self) -> dict[str, Any]:
         return {"init": initial_state(self.run), "clients": {}, "num_samples": {}}

@@ -11,6 +11,7 @@ both trains each client once.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -18,7 +19,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from osfl.fl.method import Predictor, register_method
+from osfl.fl.method import MethodCard, Predictor, SiteEvaluation, register_method
 from osfl.methods.clients import WEIGHTINGS, ClientModelsMethod
 
 
@@ -58,17 +59,18 @@ class EnsembleConfig:
 
 
 @register_method("ensemble")
-class Ensemble(ClientModelsMethod):
+class Ensemble(ClientModelsMethod, SiteEvaluation):
     Config: ClassVar[type] = EnsembleConfig
-    default_run: ClassVar[bool] = True
-    default_order: ClassVar[int] = 2
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        ClientModelsMethod.card,
+        default_run=True,
+        default_order=2,
+    )
 
     def predictor(self, state: dict[str, Any]) -> Predictor:
         ids, models = self.client_models(state)
         weights = WEIGHTINGS.get(self.config.weighting)([state["num_samples"][c] for c in ids])
         return EnsemblePredictor(models, weights.tolist())
-
-    site_evaluation: ClassVar[bool] = True
 
     def release(self, state: dict[str, Any]) -> dict[str, Any]:
         """The members and their sample counts: the ensemble *is* every

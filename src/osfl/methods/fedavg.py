@@ -29,9 +29,19 @@ import numpy as np
 
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
-from osfl.fl.client_training import SharedTraining
-from osfl.fl.context import ClientContext
-from osfl.fl.method import Method, Predictor, register_method, sample_fraction
+from osfl.fl.context import ClientContext, SharedTraining
+from osfl.fl.method import (
+    Method,
+    MethodCard,
+    MultiRound,
+    Predictor,
+    Screening,
+    SecureAggregation,
+    SharedTrainingStep,
+    SiteEvaluation,
+    register_method,
+    sample_fraction,
+)
 from osfl.fl.objectives import ObjectiveTerm, ProximalTerm
 from osfl.fl.train_config import TrainConfig
 from osfl.fl.training import train_local
@@ -74,13 +84,11 @@ class FedAvgConfig:
 
 
 @register_method("fedavg")
-class FedAvg(Method):
+class FedAvg(Method, MultiRound, Screening, SecureAggregation, SharedTrainingStep, SiteEvaluation):
     """Server state: the global state dict (CPU tensors)."""
 
     Config: ClassVar[type] = FedAvgConfig
-    one_shot: ClassVar[bool] = True
-    default_run: ClassVar[bool] = True
-    default_order: ClassVar[int] = 1
+    card: ClassVar[MethodCard] = MethodCard(one_shot=True, default_run=True, default_order=1)
 
     @property
     def rounds(self) -> int:
@@ -160,10 +168,14 @@ class FedAvg(Method):
         weights = WEIGHTINGS.get(self.config.weighting)([counts[c] for c in clients])
         return combine_states(self.run, [uploads[c].tensors for c in clients], weights, state)
 
+    def aggregate_mean(self, state: StateDict, mean: Upload, round: int) -> StateDict:
+        """The clients' weighted mean is the new global model (SecAgg+ runs
+        only with ``server.aggregator=mean``; the mean comes in the layout's
+        dtypes, integer buffers rounded, as ``weighted_mean`` gives them)."""
+        return {name: mean.tensors[name] for name in state}
+
     def predictor(self, state: StateDict) -> Predictor:
         return ModelPredictor(model_from_state(self.run, state))
-
-    site_evaluation: ClassVar[bool] = True
 
     def release(self, state: StateDict) -> StateDict:
         return state  # the global model is what every site receives anyway
@@ -193,10 +205,13 @@ class FedProx(FedAvg):
     """FedAvg with the proximal term anchored at each round's global weights."""
 
     Config: ClassVar[type] = FedProxConfig
-    smoke: ClassVar[tuple[str, ...]] = ("method.fedprox.rounds=2", "method.fedprox.mu=0.1")
-    one_shot: ClassVar[bool] = False
-    default_run: ClassVar[bool] = False
-    default_order: ClassVar[int] = 10
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        FedAvg.card,
+        one_shot=False,
+        default_run=False,
+        default_order=10,
+        smoke=("method.fedprox.rounds=2", "method.fedprox.mu=0.1"),
+    )
 
     def local_terms_active(self) -> bool:
         return self.config.mu > 0.0

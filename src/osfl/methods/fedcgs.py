@@ -26,6 +26,7 @@ pooled within-class covariance (B − Σ_c n_c μ_c μ_cᵀ)/(N − C) instead.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -36,7 +37,14 @@ from torch import nn
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext
-from osfl.fl.method import Predictor, register_method
+from osfl.fl.method import (
+    MethodCard,
+    Predictor,
+    Reporting,
+    Screening,
+    SiteEvaluation,
+    register_method,
+)
 from osfl.fl.upload import NUM_SAMPLES, Broadcast, MetaSpec, TensorSpec, Upload, UploadSpec
 from osfl.methods.frozen.base import FrozenEncoderMethod, TokenPredictor, part_bytes
 from osfl.methods.frozen.encoder import EncoderConfig
@@ -177,15 +185,18 @@ class GaussianHead(nn.Module):
 
 
 @register_method("fedcgs")
-class FedCGS(FrozenEncoderMethod):
+class FedCGS(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting):
     """Server state: ``{"encoder", "weight", "bias", "clients": {id: {bytes, num_samples}}}``."""
 
     Config: ClassVar[type] = FedCGSConfig
-    one_shot: ClassVar[bool] = True
-    smoke: ClassVar[tuple[str, ...]] = (
-        "data.image_size=16",
-        "model.name=vit_tiny_patch2_16",
-        "model.kwargs={img_size: 8, patch_size: 8, depth: 1, embed_dim: 64, num_heads: 2}",
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        FrozenEncoderMethod.card,
+        one_shot=True,
+        smoke=(
+            "data.image_size=16",
+            "model.name=vit_tiny_patch2_16",
+            "model.kwargs={img_size: 8, patch_size: 8, depth: 1, embed_dim: 64, num_heads: 2}",
+        ),
     )
 
     config: FedCGSConfig
@@ -243,8 +254,6 @@ class FedCGS(FrozenEncoderMethod):
     def predictor(self, state: dict[str, Any]) -> Predictor:
         head = GaussianHead(state["weight"], state["bias"])
         return TokenPredictor(self.encoder(), self.view_sets(), head)
-
-    site_evaluation: ClassVar[bool] = True
 
     def release(self, state: dict[str, Any]) -> dict[str, Any]:
         return {"weight": state["weight"], "bias": state["bias"]}

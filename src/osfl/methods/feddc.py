@@ -11,13 +11,14 @@ w)``; uploads ``theta_k``. Server: ``w <- avg(theta_k + d_k)``, ``Delta Theta
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from osfl.errors import ConfigError
-from osfl.fl.method import register_method
+from osfl.fl.method import MethodCard, register_method
 from osfl.fl.objectives import FedDCTerm, effective_lr_sum
 from osfl.fl.optim import OPTIMIZERS, lr_at
 from osfl.methods.clients import StateDict, combine_states
@@ -46,8 +47,11 @@ class FedDC(StatefulScheme):
     """FedDC (Gao et al., CVPR 2022): local drift decoupling and gradient correction."""
 
     Config: ClassVar[type] = FedDCConfig
-    smoke: ClassVar[tuple[str, ...]] = ("method.feddc.rounds=2",)
-    default_order: ClassVar[int] = 23
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        StatefulScheme.card,
+        default_order=23,
+        smoke=("method.feddc.rounds=2",),
+    )
     prefix: ClassVar[str] = "feddc"
     server_names: ClassVar[tuple[str, ...]] = ("global_update",)
 

@@ -10,13 +10,14 @@ Server: ``h <- h - (alpha/N) sum_S (theta_k^t - theta^{t-1})``,
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from osfl.errors import ConfigError
-from osfl.fl.method import register_method
+from osfl.fl.method import MethodCard, register_method
 from osfl.fl.objectives import FedDynTerm
 from osfl.methods.clients import combine_states
 from osfl.methods.schemes import (
@@ -47,8 +48,11 @@ class FedDyn(StatefulScheme):
     """FedDyn (Acar et al., ICLR 2021): a dynamic regulariser aligns local and global optima."""
 
     Config: ClassVar[type] = FedDynConfig
-    smoke: ClassVar[tuple[str, ...]] = ("method.feddyn.rounds=2",)
-    default_order: ClassVar[int] = 22
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        StatefulScheme.card,
+        default_order=22,
+        smoke=("method.feddyn.rounds=2",),
+    )
     prefix: ClassVar[str] = "feddyn"
 
     def local_round(self, ctx, model, global_state, shared, memory, data) -> Named:

@@ -29,6 +29,7 @@ components cannot disagree in number — and ``meta.class_counts``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import warnings
 from collections.abc import Mapping
@@ -43,7 +44,7 @@ from torch import nn
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext
-from osfl.fl.method import Predictor, register_method
+from osfl.fl.method import MethodCard, Predictor, Reporting, SiteEvaluation, register_method
 from osfl.fl.seeds import derive_seed
 from osfl.fl.upload import NUM_SAMPLES, Broadcast, MetaSpec, TensorSpec, Upload, UploadSpec
 from osfl.methods.frozen.base import (
@@ -175,20 +176,23 @@ class LinearTokenHead(nn.Module):
 
 
 @register_method("fedpft")
-class FedPFT(FrozenEncoderMethod):
+class FedPFT(FrozenEncoderMethod, SiteEvaluation, Reporting):
     """Server state: ``{"encoder", "head", "clients": {id: {bytes, num_samples,
     classes_sent}}, "gflops_per_sample"}``."""
 
     Config: ClassVar[type] = FedPFTConfig
-    one_shot: ClassVar[bool] = True
-    smoke: ClassVar[tuple[str, ...]] = (
-        "data.image_size=16",
-        "model.name=vit_tiny_patch2_16",
-        "model.kwargs={img_size: 8, patch_size: 8, depth: 1, embed_dim: 64, num_heads: 2}",
-        "method.fedpft.components=3",
-        "method.fedpft.max_iter=50",
-        "method.fedpft.tol=0.001",
-        "method.fedpft.server_fit={epochs: 20, batch_size: 128, lr: 0.01}",
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        FrozenEncoderMethod.card,
+        one_shot=True,
+        smoke=(
+            "data.image_size=16",
+            "model.name=vit_tiny_patch2_16",
+            "model.kwargs={img_size: 8, patch_size: 8, depth: 1, embed_dim: 64, num_heads: 2}",
+            "method.fedpft.components=3",
+            "method.fedpft.max_iter=50",
+            "method.fedpft.tol=0.001",
+            "method.fedpft.server_fit={epochs: 20, batch_size: 128, lr: 0.01}",
+        ),
     )
 
     config: FedPFTConfig
@@ -295,8 +299,6 @@ class FedPFT(FrozenEncoderMethod):
         head = LinearTokenHead(self.token_dim(), self.run.num_classes)
         head.load_state_dict(state["head"])
         return TokenPredictor(self.encoder(), self.view_sets(), head.eval())
-
-    site_evaluation: ClassVar[bool] = True
 
     def release(self, state: dict[str, Any]) -> dict[str, Any]:
         return {"head": state["head"]}  # not the clients' mixtures

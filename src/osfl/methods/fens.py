@@ -42,9 +42,17 @@ from torch import nn
 from osfl.data.imageset import ImageSet
 from osfl.data.loader import BatchIterator
 from osfl.errors import ConfigError, UploadError
-from osfl.fl.client_training import SharedTraining
-from osfl.fl.context import ClientContext
-from osfl.fl.method import Method, Predictor, register_method, sample_fraction
+from osfl.fl.context import ClientContext, SharedTraining
+from osfl.fl.method import (
+    KeepsClientState,
+    Method,
+    MethodCard,
+    MultiRound,
+    Predictor,
+    SharedTrainingStep,
+    register_method,
+    sample_fraction,
+)
 from osfl.fl.upload import Broadcast, TensorSpec, Upload, UploadSpec
 from osfl.methods.clients import (
     combine_states,
@@ -161,18 +169,20 @@ def _int8_spec(reference: Mapping[str, torch.Tensor]) -> UploadSpec:
 
 
 @register_method("fens")
-class FENS(Method):
+class FENS(Method, MultiRound, KeepsClientState, SharedTrainingStep):
     """One-shot client models + an aggregator trained over a few FL rounds
     (see the module docstring). Server state: ``{"init", "members": {id: state},
     "num_samples": {id: n}, "aggregator": state | None}``."""
 
     Config: ClassVar[type] = FENSConfig
-    one_shot: ClassVar[bool] = False
-    smoke: ClassVar[tuple[str, ...]] = (
-        "data.max_per_class=60",
-        "partition.alpha=0.1",
-        "method.fens.rounds=3",
-        "method.fens.local_epochs=5",
+    card: ClassVar[MethodCard] = MethodCard(
+        one_shot=False,
+        smoke=(
+            "data.max_per_class=60",
+            "partition.alpha=0.1",
+            "method.fens.rounds=3",
+            "method.fens.local_epochs=5",
+        ),
     )
     config: FENSConfig
 

@@ -61,6 +61,7 @@ docs/methods/intactofl.md):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -71,7 +72,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from osfl.errors import ConfigError
-from osfl.fl.method import Predictor, register_method
+from osfl.fl.method import MethodCard, Predictor, register_method
 from osfl.fl.upload import Upload
 from osfl.methods.clients import WEIGHTINGS, model_from_state, probe_batch
 from osfl.methods.kd.augment import AUGMENTS
@@ -272,11 +273,14 @@ class IntactOFL(DistillationMethod):
     """Client models as intact experts; a data-free trained gate routes between them."""
 
     Config: ClassVar[type] = IntactOFLConfig
-    smoke: ClassVar[tuple[str, ...]] = (
-        "method.intactofl.epochs=3",
-        "method.intactofl.synthesis_batch_size=32",
-        "method.intactofl.generator.steps=5",
-        "method.intactofl.distill.batch_size=32",
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        DistillationMethod.card,
+        smoke=(
+            "method.intactofl.epochs=3",
+            "method.intactofl.synthesis_batch_size=32",
+            "method.intactofl.generator.steps=5",
+            "method.intactofl.distill.batch_size=32",
+        ),
     )
 
     def top_k(self, experts: int) -> int:

@@ -12,10 +12,11 @@ the clients' models were collected, so the byte column stays comparable.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from osfl.fl.method import PerClientPredictor, Predictor, register_method
+from osfl.fl.method import MethodCard, PerClientPredictor, Predictor, register_method
 from osfl.methods.clients import ClientModelsMethod
 
 
@@ -27,8 +28,11 @@ class LocalConfig:
 @register_method("local")
 class Local(ClientModelsMethod):
     Config: ClassVar[type] = LocalConfig
-    default_run: ClassVar[bool] = True
-    default_order: ClassVar[int] = 0
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        ClientModelsMethod.card,
+        default_run=True,
+        default_order=0,
+    )
 
     def predictor(self, state: dict[str, Any]) -> Predictor:
         _, models = self.client_models(state)

@@ -11,6 +11,7 @@ docs/methods/schemes.md.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
@@ -18,7 +19,7 @@ from typing import ClassVar
 import torch
 
 from osfl.errors import ConfigError
-from osfl.fl.method import register_method
+from osfl.fl.method import MethodCard, register_method
 from osfl.fl.objectives import ScaffoldCorrection
 from osfl.methods.clients import StateDict, combine_states, model_from_state
 from osfl.methods.schemes import (
@@ -83,8 +84,11 @@ class Scaffold(StatefulScheme):
     """SCAFFOLD (Karimireddy et al., ICML 2020): control variates correct client drift."""
 
     Config: ClassVar[type] = ScaffoldConfig
-    smoke: ClassVar[tuple[str, ...]] = ("method.scaffold.rounds=2",)
-    default_order: ClassVar[int] = 21
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        StatefulScheme.card,
+        default_order=21,
+        smoke=("method.scaffold.rounds=2",),
+    )
     prefix: ClassVar[str] = "scaffold"
     server_names: ClassVar[tuple[str, ...]] = ("c",)
 

@@ -43,6 +43,7 @@ carry scheme state; buffers (BatchNorm statistics) are averaged as in FedAvg.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -54,7 +55,7 @@ from torch import nn
 
 from osfl.data.imageset import ImageSet
 from osfl.fl.context import ClientContext, ClientState
-from osfl.fl.method import Predictor
+from osfl.fl.method import AuditHistory, KeepsClientState, MethodCard, Predictor
 from osfl.fl.state_codec import state_type
 from osfl.fl.train_config import TrainConfig
 from osfl.fl.training import train_local
@@ -150,14 +151,17 @@ class SchemeConfig(FedAvgConfig):
     weighting: str = "uniform"
 
 
-class StatefulScheme(FedAvg):
+class StatefulScheme(FedAvg, KeepsClientState, AuditHistory):
     """FedAvg with per-client and server state; subclasses set ``prefix``, the
     names they broadcast (``server_names``) and upload (:meth:`upload_names`),
     and implement :meth:`local_round` and :meth:`update_server`."""
 
-    one_shot: ClassVar[bool] = False
-    default_run: ClassVar[bool] = False
-    default_order: ClassVar[int] = 20
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        FedAvg.card,
+        one_shot=False,
+        default_run=False,
+        default_order=20,
+    )
     prefix: ClassVar[str] = "scheme"
     server_names: ClassVar[tuple[str, ...]] = ()
 

@@ -16,6 +16,7 @@ import torch
 
 from osfl.errors import UploadError
 from osfl.fl.context import ClientContext, ClientState
+from osfl.fl.method import Method, keeps_client_state
 from osfl.fl.seeds import derive_seed
 from osfl.fl.training import collect_training_warnings, record_step_labels
 from osfl.fl.upload import Broadcast
@@ -23,7 +24,6 @@ from osfl.fl.upload import Broadcast
 if TYPE_CHECKING:
     from osfl.data.imageset import ImageSet
     from osfl.fl.context import RunContext
-    from osfl.fl.method import Method
 
 
 def client_generator(seed: int, client: int, round: int) -> torch.Generator:
@@ -60,6 +60,14 @@ class ClientTurn:
     warnings: tuple[str, ...] = ()  # what the client's local training said was wrong
 
 
+def _check_state_declared(method: Method, state: ClientState) -> None:
+    if (state.tensors or state.meta) and not keeps_client_state(method):
+        raise TypeError(
+            f"method {method.name!r} left client state ({sorted(state.tensors)}) but does not "
+            "declare the KeepsClientState capability"
+        )
+
+
 def run_client(
     method: Method,
     run: RunContext,
@@ -76,13 +84,16 @@ def run_client(
 
     An :class:`~osfl.errors.UploadError` while making or serialising the upload
     (e.g. metadata that is not JSON) means the client sends nothing and keeps
-    its old state; any other error is raised.
+    its old state; any other error is raised. A method that leaves state in
+    ``ctx.state`` without declaring :class:`~osfl.fl.method.KeepsClientState`
+    is a bug in that method (a TypeError), not something to persist silently.
     """
     ctx = client_context(run, client=client, round=round, seed=seed, state=state)
     broadcast = Broadcast.from_bytes(payload, client=client)
     try:
         with record_step_labels() as steps, collect_training_warnings() as warnings:
             upload = method.client_update(ctx, broadcast, data).to_bytes()
+        _check_state_declared(method, ctx.state)
         new_state = ctx.state.to_bytes()
     except UploadError as e:
         return ClientTurn(upload=None, state=state, failure=str(e))

@@ -1,27 +1,31 @@
-"""The round loop every runtime runs (docs/design.md §1), with the transport to the
-clients as its one variable part.
+"""The round loop every runtime runs (docs/design.md §1), with the transport to
+the clients as its one variable part.
 
 It follows Flower's strategy template (``flwr/serverapp/strategy/strategy.py::
 Strategy.start``) and the Method docstring::
 
     method.check(); state = method.init_state()
-    for r in range(method.rounds):
-        clients = method.sample_clients(r, N, rng)    # rng from the seed only
+    for r in range(rounds_of(method)):
+        clients = sample_clients(method, r, N, rng)   # rng from the seed only
         payload = method.broadcast(state, r).to_bytes()
-        turns   = transport.exchange(r, clients, payload)      # the only variable part
-        uploads = {c: parsed and validated against method.upload_spec(state, r, c)}
-        state   = method.aggregate(state, uploads, r)          # in client order
+        got     = transport.collect(inbox, state, r, clients, payload)  # the variable part
+        state   = method.aggregate(state, got.uploads, r)      # in client order
+                  # or, from a summing transport: aggregate_mean(state, got.mean, r)
     metrics = evaluate(method.predictor(state))
 
-Every Broadcast and Upload goes through its safetensors bytes — precisely
-what Flower carries — and every upload takes one path in (:meth:`RoundLoop.
-accept`): its size is checked on the raw bytes before parsing, then it is
-parsed (safetensors, never pickle), validated against its client's spec
-(with ``num_samples`` bounded by what the server knows of the client) and
-screened by the method; a refused one is logged with its reason, recorded as
-refused with its bytes, and dropped, and the round goes on with the others (a
-round with no valid upload is an error). Observers (byte accounting, privacy recorders,
-checkpoints, events) see every message through one fan-out.
+Collection is one step with transports behind it: a :class:`ClientTransport`
+(the simulation's in-process clients, a Flower Grid) brings back each client's
+upload bytes, and every one takes the one path in, :class:`Inbox` (its size
+checked on the raw bytes before parsing, parsed with safetensors, never pickle,
+validated against its client's spec with ``num_samples`` bounded by what the
+server knows of the client, screened by the method; a refused one is logged,
+recorded with its reason and bytes, and dropped); a summing transport (SecAgg+,
+:mod:`osfl.flower.secagg_server`) brings back only the clients' weighted mean,
+which a method that declares :class:`~osfl.fl.method.SecureAggregation`
+aggregates. Either way the loop gets a :class:`RoundUploads`, and the rest of
+the round — the ``server.min_clients`` check, aggregation, byte accounting,
+the round's record, checkpoints, evaluation — is written once. Observers
+(privacy recorders, checkpoints, events) see every message through one fan-out.
 """
 
 from __future__ import annotations
@@ -29,15 +33,25 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from osfl.errors import UploadError
+from osfl.errors import ConfigError, UploadError
 from osfl.fl.context import ClientState
+from osfl.fl.method import (
+    Screening,
+    SecureAggregation,
+    capability,
+    release_for_sites,
+    rounds_of,
+    sample_clients,
+)
 from osfl.fl.observers import ByteCounter, Observer, Observers
 from osfl.fl.progress import ProgressTask
 from osfl.fl.runtime.base import Job, RoundRecord, RunResult
@@ -52,14 +66,38 @@ from osfl.fl.upload import Broadcast, Upload, UploadSpec, receive, size_limit
 log = logging.getLogger(__name__)
 
 
-class Transport(Protocol):
-    """Delivers one round's broadcast to its clients and brings back their turns."""
+@dataclass
+class RoundUploads:
+    """What the server holds of one round once its transport has collected it:
+    the accepted clients' validated ``uploads`` (in client order) or, from a
+    summing transport, only their weighted ``mean``; why the others are out;
+    bytes per client (``bytes_up``: accepted uploads; ``bytes_down``: every
+    client asked); the clients' training warnings; and the seconds the server
+    spent validating inside the collection (``server_s``)."""
 
-    def exchange(
-        self, round: int, clients: list[int], payload: bytes, task: ProgressTask
-    ) -> dict[int, ClientTurn]:
-        """Every client's :class:`ClientTurn`, keyed by client id (``task``
-        advances once per finished client)."""
+    accepted: list[int]
+    refused: dict[int, str]
+    uploads: dict[int, Upload] = field(default_factory=dict)
+    mean: Upload | None = None
+    bytes_up: dict[int, int] = field(default_factory=dict)
+    bytes_down: dict[int, int] = field(default_factory=dict)
+    bytes_refused: int = 0
+    warnings: dict[int, list[str]] = field(default_factory=dict)
+    server_s: float = 0.0
+
+
+class Transport(Protocol):
+    """Delivers one round's broadcast to its clients and brings back what the
+    server may hold of their uploads."""
+
+    #: Tags the checkpoints of its rounds ("" for individual uploads), so that a
+    #: run is never resumed under another transport's guarantees.
+    checkpoint_tag: str
+
+    def collect(
+        self, inbox: Inbox, state: Any, round: int, clients: list[int], payload: bytes
+    ) -> RoundUploads:
+        """The round's uploads, through ``inbox`` where they are individual."""
         ...
 
     def client_states(self) -> dict[int, ClientState]:
@@ -80,6 +118,52 @@ class Transport(Protocol):
         ...
 
 
+class ClientTransport(ABC):
+    """A transport whose clients each send their own upload: ``exchange``
+    brings back their turns, and :meth:`collect` takes every upload through
+    the :class:`Inbox` (an upload accepted before a restart is not asked for
+    again)."""
+
+    checkpoint_tag = ""
+
+    @abstractmethod
+    def exchange(
+        self, round: int, clients: list[int], payload: bytes, task: ProgressTask
+    ) -> dict[int, ClientTurn]:
+        """Every client's :class:`ClientTurn`, keyed by client id (``task``
+        advances once per finished client)."""
+
+    @abstractmethod
+    def client_states(self) -> dict[int, ClientState]: ...
+
+    @abstractmethod
+    def restore(self, states: Mapping[int, bytes]) -> None: ...
+
+    @abstractmethod
+    def evaluate(
+        self, payload: bytes, clients: list[int]
+    ) -> tuple[dict[int, SiteScore], dict[int, str]]: ...
+
+    def collect(
+        self, inbox: Inbox, state: Any, round: int, clients: list[int], payload: bytes
+    ) -> RoundUploads:
+        kept = inbox.kept(round, clients)
+        if kept:  # accepted before a restart: not asked again
+            log.info("round %d: %d upload(s) kept from before the restart", round, len(kept))
+            self.restore({c: p.state for c, p in kept.items() if p.state is not None})
+        with inbox.task(round, "clients", len(clients) - len(kept)) as task:
+            asked = self.exchange(round, [c for c in clients if c not in kept], payload, task)
+        turns = {
+            c: asked[c]
+            if c in asked
+            else ClientTurn(upload=kept[c].upload, state=kept[c].state, warnings=kept[c].warnings)
+            for c in clients
+        }
+        got = inbox.receive(state, round, turns)
+        got.bytes_down = dict.fromkeys(clients, len(payload))
+        return got
+
+
 @contextmanager
 def torch_threads(n: int | None) -> Iterator[None]:
     """Run with ``n`` torch intra-op threads, restoring the count after
@@ -95,66 +179,25 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-class RoundLoop:
-    """One job's rounds over ``transport`` (see the module docstring).
+class Inbox:
+    """The server's receiving side of one job: the spec each client's upload
+    must meet and the one path every individual upload takes in; what the
+    observers and the round checkpoints see of accepted uploads."""
 
-    ``threads`` pins the torch threads during the rounds (clients running in
-    this process share them), as every in-process runtime does.
-    """
-
-    def __init__(
-        self,
-        job: Job,
-        transport: Transport,
-        observers: Sequence[Observer] = (),
-        *,
-        threads: int | None = None,
-    ):
-        self.job, self.transport, self.threads = job, transport, threads
+    def __init__(self, job: Job, observers: Observers, checkpoints: RoundCheckpoints | None):
+        self.job, self.obs, self.checkpoints = job, observers, checkpoints
         self.method = job.method
-        self.bytes = ByteCounter()
-        self.obs = Observers([self.bytes, *observers])
-        self.rng = np.random.default_rng(derive_seed(job.seed, "client-sampling"))
-        self.times = {"client": 0.0, "server": 0.0, "eval": 0.0}
-        self.checkpoints = RoundCheckpoints(job.state_dir) if job.state_dir is not None else None
-        self.digest = job_digest(job)
 
-    # --- the server side ------------------------------------------------------------
-    def receive(
-        self, state: Any, r: int, turns: Mapping[int, ClientTurn]
-    ) -> tuple[dict[int, Upload], dict[int, str], int, int]:
-        """Parse and validate every upload; refused ones are logged and dropped."""
-        uploads: dict[int, Upload] = {}
-        refused: dict[int, str] = {}
-        up_bytes = refused_bytes = 0
-        for c, turn in turns.items():
-            raw = turn.upload
-            if raw is None:
-                refused[c] = turn.failure or "no upload"
-                log.warning("round %d: client %d sent nothing: %s", r, c, refused[c])
-                continue
-            try:
-                upload = self.accept(state, r, c, raw)
-            except UploadError as e:
-                refused[c] = str(e)
-                refused_bytes += len(raw)
-                log.warning("round %d: upload refused: %s", r, e)
-                continue
-            up_bytes += len(raw)
-            self.obs.on_upload(r, c, upload, len(raw), truth=self.truth_of(c, turn))
-            uploads[c] = upload
-            if self.checkpoints is not None:
-                self.checkpoints.keep(r, c, PendingUpload(raw, turn.state, turn.warnings))
-        need = self.job.run.server.min_clients
-        if len(uploads) < need:
-            why = "; ".join(refused.values()) or "none were sent"
-            if not uploads:
-                raise UploadError(f"round {r}: every upload was refused ({why})")
-            raise UploadError(
-                f"round {r}: {len(uploads)} usable upload(s) of {len(turns)}, fewer than "
-                f"server.min_clients={need} ({why})"
-            )
-        return uploads, refused, up_bytes, refused_bytes
+    def task(self, round: int, what: str, total: int) -> AbstractContextManager[ProgressTask]:
+        """A progress bar for the collection of ``round``."""
+        label = f"{self.method.name}: round {round + 1}/{rounds_of(self.method)}, {what}"
+        return self.job.run.progress.task(label, total)
+
+    def kept(self, round: int, clients: Sequence[int]) -> dict[int, PendingUpload]:
+        """Uploads of ``round`` accepted before a restart, for ``clients``."""
+        if self.checkpoints is None:
+            return {}
+        return {c: p for c, p in self.checkpoints.pending(round).items() if c in clients}
 
     def spec_for(self, state: Any, r: int, c: int) -> UploadSpec:
         """The method's spec for client ``c``, with ``meta.num_samples`` bounded
@@ -179,10 +222,39 @@ class RoundLoop:
         spec = self.spec_for(state, r, c)
         limits = [x for x in (size_limit(spec), self.job.run.server.max_upload_bytes) if x]
         upload = receive(raw, spec, client=c, limit=min(limits) if limits else None)
-        why = self.method.screen(state, r, c, upload)
+        screening = capability(self.method, Screening)
+        why = screening.screen(state, r, c, upload) if screening is not None else None
         if why is not None:  # a judgement on the upload as a whole
             raise UploadError(why, client=c, field="*")
         return upload
+
+    def receive(self, state: Any, r: int, turns: Mapping[int, ClientTurn]) -> RoundUploads:
+        """Parse and validate every upload; refused ones are logged and dropped."""
+        t = time.perf_counter()
+        got = RoundUploads(accepted=[], refused={})
+        for c, turn in turns.items():
+            if turn.warnings:
+                got.warnings[c] = list(turn.warnings)
+            raw = turn.upload
+            if raw is None:
+                got.refused[c] = turn.failure or "no upload"
+                log.warning("round %d: client %d sent nothing: %s", r, c, got.refused[c])
+                continue
+            try:
+                upload = self.accept(state, r, c, raw)
+            except UploadError as e:
+                got.refused[c] = str(e)
+                got.bytes_refused += len(raw)
+                log.warning("round %d: upload refused: %s", r, e)
+                continue
+            got.bytes_up[c] = len(raw)
+            self.obs.on_upload(r, c, upload, len(raw), truth=self.truth_of(c, turn))
+            got.uploads[c] = upload
+            if self.checkpoints is not None:
+                self.checkpoints.keep(r, c, PendingUpload(raw, turn.state, turn.warnings))
+        got.accepted = sorted(got.uploads)
+        got.server_s = time.perf_counter() - t
+        return got
 
     def truth_of(self, c: int, turn: ClientTurn) -> dict[str, Any] | None:
         """What client ``c`` really did: the labels of its local steps in order
@@ -197,6 +269,34 @@ class RoundLoop:
             labels, source = self.job.clients.data(c).labels, "data"
         return {"labels": labels, "num_classes": self.job.run.num_classes, "label_source": source}
 
+
+class RoundLoop:
+    """One job's rounds over ``transport`` (see the module docstring).
+
+    ``threads`` pins the torch threads during the rounds (clients running in
+    this process share them), as every in-process runtime does.
+    """
+
+    def __init__(
+        self,
+        job: Job,
+        transport: Transport,
+        observers: Sequence[Observer] = (),
+        *,
+        threads: int | None = None,
+    ):
+        self.job, self.transport, self.threads = job, transport, threads
+        self.method = job.method
+        self.bytes = ByteCounter()
+        self.obs = Observers(observers)
+        self.rng = np.random.default_rng(derive_seed(job.seed, "client-sampling"))
+        self.times = {"client": 0.0, "server": 0.0, "eval": 0.0}
+        self.checkpoints = RoundCheckpoints(job.state_dir) if job.state_dir is not None else None
+        self.inbox = Inbox(job, self.obs, self.checkpoints)
+        tag = transport.checkpoint_tag
+        self.digest = job_digest(job) + (f"+{tag}" if tag else "")
+
+    # --- the server side ------------------------------------------------------------
     def evaluate(self, predictor: Any) -> dict[str, Any]:
         evaluator = self.job.evaluator
         t = time.perf_counter()
@@ -208,7 +308,7 @@ class RoundLoop:
         """The sites score the method's released final state on their own test
         sets; the server adds up their counts (it holds no test set)."""
         t = time.perf_counter()
-        payload = state_to_bytes(self.method.release(state))
+        payload = state_to_bytes(release_for_sites(self.method, state))
         clients = list(range(self.job.num_clients))
         scores, failures = self.transport.evaluate(payload, clients)
         for c, why in failures.items():
@@ -224,10 +324,36 @@ class RoundLoop:
         self.times["eval"] += time.perf_counter() - t
         return out
 
+    def require_enough(self, got: RoundUploads, r: int, asked: int) -> None:
+        """Stop the run when fewer than ``server.min_clients`` uploads are usable."""
+        need = self.job.run.server.min_clients
+        if len(got.accepted) >= need:
+            return
+        why = "; ".join(
+            w if w.startswith(f"[client {c}") else f"client {c}: {w}"
+            for c, w in sorted(got.refused.items())
+        )
+        if not got.accepted:
+            raise UploadError(f"round {r}: every upload was refused ({why or 'none were sent'})")
+        raise UploadError(
+            f"round {r}: {len(got.accepted)} usable upload(s) of {asked} client(s), fewer than "
+            f"server.min_clients={need} ({why or 'none were sent'})"
+        )
+
+    def aggregate(self, state: Any, got: RoundUploads, r: int) -> Any:
+        """The method's new state from the round's individual uploads, or from
+        their weighted mean when the transport summed them."""
+        if got.mean is None:
+            return self.method.aggregate(state, got.uploads, r)
+        secure = capability(self.method, SecureAggregation)
+        if secure is None:
+            raise ConfigError(f"{self.method.name} cannot aggregate a weighted mean of uploads")
+        return secure.aggregate_mean(state, got.mean, r)
+
     def one_round(self, state: Any, r: int) -> tuple[Any, RoundRecord]:
         method, job = self.method, self.job
         t = time.perf_counter()
-        clients = method.sample_clients(r, job.num_clients, self.rng)
+        clients = sample_clients(method, r, job.num_clients, self.rng)
         payload = method.broadcast(state, r).to_bytes()
         t_server = time.perf_counter() - t
         sent = Broadcast.from_bytes(payload)  # what every client of the round received
@@ -235,39 +361,30 @@ class RoundLoop:
             self.obs.on_broadcast(r, c, sent, len(payload))
 
         t = time.perf_counter()
-        kept = self.checkpoints.pending(r) if self.checkpoints is not None else {}
-        kept = {c: p for c, p in kept.items() if c in clients}
-        if kept:  # accepted before a restart: not asked again
-            log.info("round %d: %d upload(s) kept from before the restart", r, len(kept))
-            self.transport.restore({c: p.state for c, p in kept.items() if p.state is not None})
-        label = f"{method.name}: round {r + 1}/{method.rounds}, clients"
-        with job.run.progress.task(label, len(clients) - len(kept)) as task:
-            asked = self.transport.exchange(r, [c for c in clients if c not in kept], payload, task)
-        t_client = time.perf_counter() - t
-        turns = {
-            c: asked[c]
-            if c in asked
-            else ClientTurn(upload=kept[c].upload, state=kept[c].state, warnings=kept[c].warnings)
-            for c in clients
-        }
+        got = self.transport.collect(self.inbox, state, r, list(clients), payload)
+        t_client = time.perf_counter() - t - got.server_s
+        self.require_enough(got, r, len(clients))
 
         t = time.perf_counter()
-        uploads, refused, up_bytes, refused_bytes = self.receive(state, r, turns)
-        state = method.aggregate(state, uploads, r)
-        t_server += time.perf_counter() - t
+        state = self.aggregate(state, got, r)
+        t_server += got.server_s + time.perf_counter() - t
+        for c, n in got.bytes_up.items():
+            self.bytes.up[r][c] += n
+        for c, n in got.bytes_down.items():
+            self.bytes.down[r][c] += n
         self.times["client"] += t_client
         self.times["server"] += t_server
         record = RoundRecord(
             round=r,
             clients=list(clients),
-            accepted=sorted(uploads),
-            refused=refused,
-            bytes_up=up_bytes,
-            bytes_down=len(payload) * len(clients),
-            bytes_refused=refused_bytes,
+            accepted=list(got.accepted),
+            refused=dict(got.refused),
+            bytes_up=sum(got.bytes_up.values()),
+            bytes_down=sum(got.bytes_down.values()),
+            bytes_refused=got.bytes_refused,
             time_client_s=t_client,
             time_server_s=t_server,
-            warnings={c: list(t.warnings) for c, t in turns.items() if t.warnings},
+            warnings=dict(got.warnings),
         )
         return state, record
 
@@ -300,10 +417,13 @@ class RoundLoop:
             self.times["server"] += time.perf_counter() - t
             return state, 0, []
         log.info(
-            "%s: resuming after round %d of %d", self.method.name, saved.round, self.method.rounds
+            "%s: resuming after round %d of %d",
+            self.method.name,
+            saved.round,
+            rounds_of(self.method),
         )
         for r in range(saved.round):  # the sampling generator, replayed from the seed
-            self.method.sample_clients(r, self.job.num_clients, self.rng)
+            sample_clients(self.method, r, self.job.num_clients, self.rng)
         for r, per in saved.bytes_up.items():
             self.bytes.up[r].update(per)
         for r, per in saved.bytes_down.items():
@@ -318,7 +438,7 @@ class RoundLoop:
         method.check()
         obs.on_run_start(method.name, job.run)
         state, start, records = self.restart()
-        n_rounds = method.rounds
+        n_rounds = rounds_of(method)
         bar = job.run.progress.task(f"{method.name}: rounds", n_rounds) if n_rounds > 1 else None
         with torch_threads(self.threads), bar or nullcontext():
             if bar is not None and start:

@@ -23,11 +23,12 @@ import torch
 from osfl.errors import ConfigError
 from osfl.fl.client_training import train_clients_together
 from osfl.fl.context import ClientState
+from osfl.fl.method import SharedTrainingStep, capability
 from osfl.fl.observers import Observer
 from osfl.fl.progress import ProgressTask
 from osfl.fl.runtime.base import Evaluator, Job, PartitionedData, RunResult
 from osfl.fl.runtime.client import ClientTurn, client_context, run_client
-from osfl.fl.runtime.rounds import RoundLoop
+from osfl.fl.runtime.rounds import ClientTransport, RoundLoop
 from osfl.fl.runtime.sites import SiteScore
 from osfl.fl.upload import Broadcast
 
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from osfl.fl.method import Method
 
 
-class InProcessClients:
+class InProcessClients(ClientTransport):
     """The transport of the simulation: clients as function calls, optionally
     in a thread pool of ``parallel`` workers; each client's state is kept here
     between rounds."""
@@ -55,9 +56,10 @@ class InProcessClients:
         """With ``batch_clients``, train the round's clients as one batched step
         when the method declares a shared step; each turn is then a cache hit."""
         job = self.job
-        if not self.batch_clients or len(clients) < 2:
+        shared = capability(job.method, SharedTrainingStep)
+        if not self.batch_clients or len(clients) < 2 or shared is None:
             return
-        plan = job.method.shared_training(Broadcast.from_bytes(payload), round)
+        plan = shared.shared_training(Broadcast.from_bytes(payload), round)
         if plan is None:
             return
         contexts = {

@@ -48,7 +48,18 @@ from torch import nn
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext, ClientState
-from osfl.fl.method import Method, Predictor, register_method, sample_fraction
+from osfl.fl.method import (
+    KeepsClientState,
+    Method,
+    MethodCard,
+    MultiRound,
+    Predictor,
+    Reporting,
+    Screening,
+    SiteEvaluation,
+    register_method,
+    sample_fraction,
+)
 from osfl.fl.seeds import derive_seed
 from osfl.fl.state_codec import state_type
 from osfl.fl.train_config import TrainConfig
@@ -160,30 +171,32 @@ def empty_round(round: int) -> dict[str, Any]:
 
 
 @register_method("eftvit")
-class EFTViT(Method):
+class EFTViT(Method, MultiRound, KeepsClientState, Screening, SiteEvaluation, Reporting):
     """Hierarchical FL of a ViT: private masked-trained local modules, a global
     module trained on the server from median-sampled patch features."""
-    regime: ClassVar[str] = "pretrained"
-    uploads: ClassVar[str] = "features"  # masked patch features of the local module
+    card: ClassVar[MethodCard] = MethodCard(
+        regime="pretrained",
+        uploads="features",
+        one_shot=False,
+        default_run=False,
+        default_order=50,
+        smoke=(
+            "model.name=vit_tiny_patch2_16",
+            "model.kwargs={patch_size: 4, depth: 2, embed_dim: 64, num_heads: 2}",
+            "train.optimizer=adamw",
+            "train.lr=0.0001",
+            "train.epochs=2",
+            "method.eftvit.rounds=2",
+            "method.eftvit.client_fraction=1.0",
+            "method.eftvit.local_depth=1",
+            "method.eftvit.mask_ratio=0.5",
+            "method.eftvit.server.lr=0.01",
+            "method.eftvit.server.epochs=3",
+            "method.eftvit.server.batch_size=16",
+        ),
+    )
 
     Config: ClassVar[type] = EFTViTConfig
-    one_shot: ClassVar[bool] = False
-    default_run: ClassVar[bool] = False
-    default_order: ClassVar[int] = 50
-    smoke: ClassVar[tuple[str, ...]] = (
-        "model.name=vit_tiny_patch2_16",
-        "model.kwargs={patch_size: 4, depth: 2, embed_dim: 64, num_heads: 2}",
-        "train.optimizer=adamw",
-        "train.lr=0.0001",
-        "train.epochs=2",
-        "method.eftvit.rounds=2",
-        "method.eftvit.client_fraction=1.0",
-        "method.eftvit.local_depth=1",
-        "method.eftvit.mask_ratio=0.5",
-        "method.eftvit.server.lr=0.01",
-        "method.eftvit.server.epochs=3",
-        "method.eftvit.server.batch_size=16",
-    )
 
     def __init__(self, config: EFTViTConfig, run: Any):
         super().__init__(config, run)
@@ -392,8 +405,6 @@ class EFTViT(Method):
 
     def predictor(self, state: EFTViTState) -> Predictor:
         return ModelPredictor(self.global_model(state))
-
-    site_evaluation: ClassVar[bool] = True
 
     def release(self, state: EFTViTState) -> EFTViTState:
         """The global module only, not the per-client upload histograms."""

@@ -44,7 +44,7 @@ from osfl.data.transforms import (
 from osfl.errors import ConfigError
 from osfl.fl.client_training import train_client
 from osfl.fl.context import ClientContext, ModelSpec
-from osfl.fl.method import Method, Predictor, register_method
+from osfl.fl.method import Method, MethodCard, Predictor, Screening, register_method
 from osfl.fl.seeds import derive_seed
 from osfl.fl.train_config import TrainConfig
 from osfl.fl.training import init_model
@@ -267,15 +267,17 @@ def masked_mean_prototypes(prototypes: list[torch.Tensor]) -> torch.Tensor:
 
 
 @register_method("fafi")
-class FAFI(Method):
+class FAFI(Method, Screening):
     """Server state: ``{"init": {arch: FAFINet state}, "clients": {id: {...}}}``."""
-    uploads: ClassVar[str] = "weights+prototypes"
+    card: ClassVar[MethodCard] = MethodCard(
+        uploads="weights+prototypes",
+        one_shot=True,
+        default_run=True,
+        default_order=20,
+        smoke=("method.fafi.augment=flip",),
+    )
 
     Config: ClassVar[type] = FAFIConfig
-    smoke: ClassVar[tuple[str, ...]] = ("method.fafi.augment=flip",)
-    one_shot: ClassVar[bool] = True
-    default_run: ClassVar[bool] = True
-    default_order: ClassVar[int] = 20
 
     def __init__(self, config: FAFIConfig, run: Any):
         super().__init__(config, run)
@@ -567,6 +569,9 @@ class FAFICode(FAFI):
     variant kept where it matters for published numbers)."""
 
     Config: ClassVar[type] = FAFICodeConfig
-    smoke: ClassVar[tuple[str, ...]] = ("method.fafi_code.augment=flip",)
-    default_run: ClassVar[bool] = False
-    default_order: ClassVar[int] = 21
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        FAFI.card,
+        default_run=False,
+        default_order=21,
+        smoke=("method.fafi_code.augment=flip",),
+    )

@@ -28,6 +28,7 @@ uniform teachers, a freshly initialised student).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -42,7 +43,14 @@ from torch import nn
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext
-from osfl.fl.method import Predictor, register_method
+from osfl.fl.method import (
+    MethodCard,
+    Predictor,
+    Reporting,
+    Screening,
+    SiteEvaluation,
+    register_method,
+)
 from osfl.fl.seeds import derive_seed
 from osfl.fl.upload import NUM_SAMPLES, Broadcast, MetaSpec, TensorSpec, Upload, UploadSpec
 from osfl.methods.falcon.classifier import AttentionPoolClassifier, ClassifierConfig
@@ -158,24 +166,27 @@ def teacher_probs(
 
 
 @register_method("falcon")
-class FALCON(FrozenEncoderMethod):
+class FALCON(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting):
     """Server state: ``{"encoder", "student", "clients": {id: {form, bytes,
     num_samples, synthetic}}, "gflops_per_sample", "phases"}``."""
-    uploads: ClassVar[str] = "synthetic_data"  # token sequences, or the generator
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        FrozenEncoderMethod.card,
+        uploads="synthetic_data",
+        one_shot=True,
+        smoke=(
+            "data.image_size=16",
+            "model.name=vit_tiny_patch2_16",
+            "model.kwargs={img_size: 8, patch_size: 8, depth: 1, embed_dim: 64, num_heads: 2}",
+            "method.falcon.views={input_size: 16, window: 8, stride: 8}",
+            "method.falcon.generator_model={depth: 1, heads: 2, components: 3}",
+            "method.falcon.generator_fit={epochs: 20, batch_size: 128, optimizer: adamw, lr: 0.005}",
+            "method.falcon.classifier_fit={epochs: 20, batch_size: 128, lr: 0.005}",
+            "method.falcon.server_fit={epochs: 20, batch_size: 128, lr: 0.005}",
+            "method.falcon.synthetic_ratio=2.0",
+        ),
+    )
 
     Config: ClassVar[type] = FALCONConfig
-    one_shot: ClassVar[bool] = True
-    smoke: ClassVar[tuple[str, ...]] = (
-        "data.image_size=16",
-        "model.name=vit_tiny_patch2_16",
-        "model.kwargs={img_size: 8, patch_size: 8, depth: 1, embed_dim: 64, num_heads: 2}",
-        "method.falcon.views={input_size: 16, window: 8, stride: 8}",
-        "method.falcon.generator_model={depth: 1, heads: 2, components: 3}",
-        "method.falcon.generator_fit={epochs: 20, batch_size: 128, optimizer: adamw, lr: 0.005}",
-        "method.falcon.classifier_fit={epochs: 20, batch_size: 128, lr: 0.005}",
-        "method.falcon.server_fit={epochs: 20, batch_size: 128, lr: 0.005}",
-        "method.falcon.synthetic_ratio=2.0",
-    )
 
     config: FALCONConfig
 
@@ -507,8 +518,6 @@ class FALCON(FrozenEncoderMethod):
         student = self.new_classifier("student-init")
         student.load_state_dict(state["student"])
         return TokenPredictor(self.encoder(), self.view_sets(), student.eval())
-
-    site_evaluation: ClassVar[bool] = True
 
     def release(self, state: dict[str, Any]) -> dict[str, Any]:
         return {"student": state["student"]}  # not the clients' classifiers

@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 from torch import nn
 
 from osfl.errors import ConfigError
-from osfl.fl.method import register_method
+from osfl.fl.method import MethodCard, register_method
 from osfl.methods.clients import cpu_state
 from osfl.methods.fedmitr.relabel import (
     CLS_FILTERS,
@@ -150,23 +150,26 @@ class FedMITRConfig(KDConfig):
 @register_method("fedmitr")
 class FedMITR(DistillationMethod):
     """Sparse model inversion + token relabel (see the module docstring)."""
-    regime: ClassVar[str] = "pretrained"  # its clients fine-tune a pretrained ViT
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        DistillationMethod.card,
+        regime="pretrained",
+        smoke=(
+            "model.name=vit_tiny_patch2_16",
+            "model.kwargs={depth: 1, embed_dim: 32, num_heads: 2}",
+            "data.max_per_class=60",
+            "partition.alpha=1.0",
+            "train.epochs=10",
+            "train.optimizer=adamw",
+            "train.lr=0.003",
+            "train.weight_decay=0.01",
+            "method.fedmitr.epochs=3",
+            "method.fedmitr.synthesis_batch_size=32",
+            "method.fedmitr.inversion={iterations: 20, lr: 0.1}",
+            "method.fedmitr.distill={batch_size: 32, optimizer: adam, lr: 0.001}",
+        ),
+    )
 
     Config: ClassVar[type] = FedMITRConfig
-    smoke: ClassVar[tuple[str, ...]] = (
-        "model.name=vit_tiny_patch2_16",
-        "model.kwargs={depth: 1, embed_dim: 32, num_heads: 2}",
-        "data.max_per_class=60",
-        "partition.alpha=1.0",
-        "train.epochs=10",
-        "train.optimizer=adamw",
-        "train.lr=0.003",
-        "train.weight_decay=0.01",
-        "method.fedmitr.epochs=3",
-        "method.fedmitr.synthesis_batch_size=32",
-        "method.fedmitr.inversion={iterations: 20, lr: 0.1}",
-        "method.fedmitr.distill={batch_size: 32, optimizer: adam, lr: 0.001}",
-    )
 
     def init_state(self) -> dict[str, Any]:
         state = super().init_state()

@@ -22,7 +22,7 @@ from torch import nn
 
 from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext, ModelSpec, RunContext
-from osfl.fl.method import Method, Predictor
+from osfl.fl.method import Method, MethodCard, Predictor
 from osfl.fl.upload import Broadcast, Upload
 from osfl.methods.clients import public_fl_hparams
 from osfl.methods.frozen.encoder import (
@@ -97,10 +97,12 @@ def flops_per_sample(sample: Callable[[], torch.Tensor]) -> float:
 class FrozenEncoderMethod(Method):
     """Base of the frozen-encoder methods: ``Config`` has an ``encoder``
     (:class:`EncoderConfig`) field; subclasses say which views they encode."""
-    regime: ClassVar[str] = "frozen_encoder"
-    uploads: ClassVar[str] = "statistics"
+    card: ClassVar[MethodCard] = MethodCard(
+        regime="frozen_encoder",
+        uploads="statistics",
+        one_shot=True,
+    )
 
-    one_shot: ClassVar[bool] = True
 
     def __init__(self, config: Any, run: RunContext):
         super().__init__(config, run)

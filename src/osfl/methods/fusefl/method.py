@@ -56,9 +56,18 @@ from torch import nn
 
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError, UploadError
-from osfl.fl.client_training import SharedTraining, train_client
-from osfl.fl.context import ClientContext
-from osfl.fl.method import Method, Predictor, register_method
+from osfl.fl.client_training import train_client
+from osfl.fl.context import ClientContext, SharedTraining
+from osfl.fl.method import (
+    KeepsClientState,
+    Method,
+    MethodCard,
+    MultiRound,
+    Predictor,
+    Reporting,
+    SharedTrainingStep,
+    register_method,
+)
 from osfl.fl.train_config import TrainConfig
 from osfl.fl.upload import (
     NUM_SAMPLES,
@@ -150,7 +159,7 @@ class NoModelYet(Predictor):
 
 
 @register_method("fusefl")
-class FuseFL(Method):
+class FuseFL(Method, MultiRound, KeepsClientState, SharedTrainingStep, Reporting):
     """Progressive block-wise fusion over K rounds (see the module docstring).
 
     Server state: ``{"init": state dict, "fused": [{client: {"adaptor": sd,
@@ -160,10 +169,12 @@ class FuseFL(Method):
     members in ``meta["members"]``)."""
 
     Config: ClassVar[type] = FuseFLConfig
-    one_shot: ClassVar[bool] = False
-    regime: ClassVar[str] = "scratch"
-    uploads: ClassVar[str] = "weights"
-    smoke: ClassVar[tuple[str, ...]] = ()
+    card: ClassVar[MethodCard] = MethodCard(
+        regime="scratch",
+        uploads="weights",
+        one_shot=False,
+        smoke=(),
+    )
     config: FuseFLConfig
 
     @property

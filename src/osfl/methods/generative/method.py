@@ -27,12 +27,13 @@ stops before any client trains.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
-from osfl.fl.method import register_method
+from osfl.fl.method import MethodCard, register_method
 from osfl.methods.generative.prior import load_prior
 from osfl.methods.kd.base import ServerSide
 from osfl.methods.kd.feddf import FedDF, FedDFConfig
@@ -58,15 +59,18 @@ class PriorKDConfig(FedDFConfig):
 class PriorKD(FedDF):
     """Ensemble distillation on images a server-side prior synthesises from class names."""
 
-    regime: ClassVar[str] = "generative_prior"
-    Config: ClassVar[type] = PriorKDConfig
-    smoke: ClassVar[tuple[str, ...]] = (
-        "data.max_per_class=60",  # a non-IID task where FedAvg is weak, the ensemble strong
-        "partition.alpha=0.1",
-        "method.priorkd.prior=dataset:digits",  # the stand-in: real digits by class name
-        "method.priorkd.per_class=30",
-        "method.priorkd.distill.steps=60",
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        FedDF.card,
+        regime="generative_prior",
+        smoke=(
+            "data.max_per_class=60",  # a non-IID task where FedAvg is weak, the ensemble strong
+            "partition.alpha=0.1",
+            "method.priorkd.prior=dataset:digits",  # the stand-in: real digits by class name
+            "method.priorkd.per_class=30",
+            "method.priorkd.distill.steps=60",
+        ),
     )
+    Config: ClassVar[type] = PriorKDConfig
 
     def check(self) -> None:
         """Refuse a run without a usable prior, or without class names, before training."""

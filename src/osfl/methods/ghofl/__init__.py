@@ -85,6 +85,7 @@ What differs from the paper, and why:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -95,7 +96,14 @@ from torch import nn
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext
-from osfl.fl.method import Predictor, register_method
+from osfl.fl.method import (
+    MethodCard,
+    Predictor,
+    Reporting,
+    Screening,
+    SiteEvaluation,
+    register_method,
+)
 from osfl.fl.seeds import derive_seed
 from osfl.fl.upload import NUM_SAMPLES, Broadcast, MetaSpec, TensorSpec, Upload, UploadSpec
 from osfl.methods.fedcgs import GaussianHead
@@ -307,7 +315,7 @@ MODULES: dict[str, tuple[tuple[str, ...], Callable[..., nn.Module]]] = {
 
 
 @register_method("ghofl")
-class GHOFL(FrozenEncoderMethod):
+class GHOFL(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting):
     """Gaussian heads (nb / lda / qda) and learned heads (fishermix /
     protohyper) from per-class feature moments.
 
@@ -315,14 +323,16 @@ class GHOFL(FrozenEncoderMethod):
     """
 
     Config: ClassVar[type] = GHOFLConfig
-    one_shot: ClassVar[bool] = True
-    regime: ClassVar[str] = "frozen_encoder"
-    uploads: ClassVar[str] = "statistics"
-    site_evaluation: ClassVar[bool] = True
-    smoke: ClassVar[tuple[str, ...]] = (
-        "data.image_size=16",
-        "model.name=vit_tiny_patch2_16",
-        "model.kwargs={img_size: 8, patch_size: 8, depth: 1, embed_dim: 16, num_heads: 2}",
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        FrozenEncoderMethod.card,
+        regime="frozen_encoder",
+        uploads="statistics",
+        one_shot=True,
+        smoke=(
+            "data.image_size=16",
+            "model.name=vit_tiny_patch2_16",
+            "model.kwargs={img_size: 8, patch_size: 8, depth: 1, embed_dim: 16, num_heads: 2}",
+        ),
     )
 
     config: GHOFLConfig

@@ -32,7 +32,7 @@ from torch import nn
 from osfl.data.transforms import Transform
 from osfl.errors import ConfigError
 from osfl.fl.context import RunContext
-from osfl.fl.method import Predictor
+from osfl.fl.method import Artifacts, ImprovesOn, Predictor, Reporting, SiteEvaluation
 from osfl.fl.seeds import derive_seed
 from osfl.fl.upload import Upload
 from osfl.methods.clients import (
@@ -167,7 +167,7 @@ def seeded(seed: int) -> Any:
     return ctx()
 
 
-class DistillationMethod(ClientModelsMethod):
+class DistillationMethod(ClientModelsMethod, SiteEvaluation, ImprovesOn, Reporting, Artifacts):
     """One-shot; server = synthesis + distillation into one model.
 
     Subclasses set ``Config`` (a :class:`KDConfig` subclass) and implement
@@ -298,8 +298,6 @@ class DistillationMethod(ClientModelsMethod):
         if "server" not in state:
             raise ConfigError(f"{self.name}: no server model yet (aggregate has not run)")
         return ModelPredictor(model_from_state(self.run, state["server"]))
-
-    site_evaluation: ClassVar[bool] = True
 
     def release(self, state: dict[str, Any]) -> dict[str, Any]:
         """The distilled server model only, not the client teachers."""

@@ -30,6 +30,7 @@ server model from scratch, uniform initial weights.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -38,7 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from osfl.errors import ConfigError
-from osfl.fl.method import register_method
+from osfl.fl.method import MethodCard, register_method
 from osfl.methods.kd.base import DistillationMethod, KDConfig, ServerSide
 from osfl.methods.kd.dense import build_generator, synthesize_batch
 from osfl.methods.kd.distill import DistillConfig, Distiller
@@ -165,11 +166,14 @@ class CoBoosting(DistillationMethod):
     """Hard samples + learnable ensemble weights + perturbed-input KD."""
 
     Config: ClassVar[type] = CoBoostingConfig
-    smoke: ClassVar[tuple[str, ...]] = (
-        "method.coboosting.epochs=3",
-        "method.coboosting.synthesis_batch_size=32",
-        "method.coboosting.generator.steps=5",
-        "method.coboosting.distill={batch_size: 32, steps: 30, lr: 0.05, schedule: constant}",
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        DistillationMethod.card,
+        smoke=(
+            "method.coboosting.epochs=3",
+            "method.coboosting.synthesis_batch_size=32",
+            "method.coboosting.generator.steps=5",
+            "method.coboosting.distill={batch_size: 32, steps: 30, lr: 0.05, schedule: constant}",
+        ),
     )
 
     def server_train(

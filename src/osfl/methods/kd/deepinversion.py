@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from osfl.errors import ConfigError
-from osfl.fl.method import register_method
+from osfl.fl.method import MethodCard, register_method
 from osfl.methods.kd.base import DistillationMethod, KDConfig, ServerSide
 from osfl.methods.kd.pixels import (
     ForwardFn,
@@ -90,13 +90,16 @@ class DeepInversion(DistillationMethod):
     """Pixel inversion of the clients + KD of their ensemble (see module docstring)."""
 
     Config: ClassVar[type] = DeepInversionConfig
-    smoke: ClassVar[tuple[str, ...]] = (
-        "data.max_per_class=60",  # a non-IID task where FedAvg is weak, the ensemble strong
-        "partition.alpha=0.1",
-        "method.deepinversion.epochs=2",
-        "method.deepinversion.synthesis_batch_size=16",
-        "method.deepinversion.inversion={iterations: 10, lr: 0.05, bn_weight: 0.1}",
-        "method.deepinversion.distill={steps: 15, lr: 0.01}",
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        DistillationMethod.card,
+        smoke=(
+            "data.max_per_class=60",  # a non-IID task where FedAvg is weak, the ensemble strong
+            "partition.alpha=0.1",
+            "method.deepinversion.epochs=2",
+            "method.deepinversion.synthesis_batch_size=16",
+            "method.deepinversion.inversion={iterations: 10, lr: 0.05, bn_weight: 0.1}",
+            "method.deepinversion.distill={steps: 15, lr: 0.01}",
+        ),
     )
 
     def server_train(
@@ -145,11 +148,14 @@ class ADI(DeepInversion):
     """Adaptive DeepInversion: DeepInversion with the student competition term."""
 
     Config: ClassVar[type] = ADIConfig
-    smoke: ClassVar[tuple[str, ...]] = (
-        "data.max_per_class=60",  # a non-IID task where FedAvg is weak, the ensemble strong
-        "partition.alpha=0.1",
-        "method.adi.epochs=2",
-        "method.adi.synthesis_batch_size=16",
-        "method.adi.inversion={iterations: 10, lr: 0.05, bn_weight: 0.1}",
-        "method.adi.distill={steps: 15, lr: 0.01}",
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        DeepInversion.card,
+        smoke=(
+            "data.max_per_class=60",  # a non-IID task where FedAvg is weak, the ensemble strong
+            "partition.alpha=0.1",
+            "method.adi.epochs=2",
+            "method.adi.synthesis_batch_size=16",
+            "method.adi.inversion={iterations: 10, lr: 0.05, bn_weight: 0.1}",
+            "method.adi.distill={steps: 15, lr: 0.01}",
+        ),
     )

@@ -26,6 +26,7 @@ from scratch, uniform ensemble, generator reset each round, history pool).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -34,7 +35,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from osfl.errors import ConfigError
-from osfl.fl.method import register_method
+from osfl.fl.method import MethodCard, register_method
 from osfl.methods.kd.augment import build_augment
 from osfl.methods.kd.base import (
     DistillationMethod,
@@ -122,11 +123,14 @@ class DENSE(DistillationMethod):
     """Generator synthesis (BN + CE + masked adversarial KL) + KD over the pool."""
 
     Config: ClassVar[type] = DENSEConfig
-    smoke: ClassVar[tuple[str, ...]] = (
-        "method.dense.epochs=3",
-        "method.dense.synthesis_batch_size=32",
-        "method.dense.generator.steps=5",
-        "method.dense.distill={batch_size: 32, steps: 30, lr: 0.05, temperature: 4.0}",
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        DistillationMethod.card,
+        smoke=(
+            "method.dense.epochs=3",
+            "method.dense.synthesis_batch_size=32",
+            "method.dense.generator.steps=5",
+            "method.dense.distill={batch_size: 32, steps: 30, lr: 0.05, temperature: 4.0}",
+        ),
     )
 
     def server_train(

@@ -20,6 +20,7 @@ error: FedDF is not data-free.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -30,7 +31,7 @@ from torch import nn
 from osfl.data.imageset import ImageSet
 from osfl.data.loader import BatchIterator
 from osfl.errors import ConfigError, DataError
-from osfl.fl.method import register_method
+from osfl.fl.method import MethodCard, register_method
 from osfl.methods.kd.base import DistillationMethod, KDConfig, ServerSide, epoch_log
 from osfl.methods.kd.distill import DistillConfig, Distiller
 from osfl.methods.kd.pool import PoolBatch
@@ -96,12 +97,15 @@ class FedDF(DistillationMethod):
     """Ensemble distillation of the clients into their FedAvg on public data."""
 
     Config: ClassVar[type] = FedDFConfig
-    smoke: ClassVar[tuple[str, ...]] = (
-        "data.max_per_class=60",  # a non-IID task where FedAvg is weak, the ensemble strong
-        "partition.alpha=0.1",
-        "method.feddf.public=digits",
-        "method.feddf.public_split=test",
-        "method.feddf.distill.steps=60",
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        DistillationMethod.card,
+        smoke=(
+            "data.max_per_class=60",  # a non-IID task where FedAvg is weak, the ensemble strong
+            "partition.alpha=0.1",
+            "method.feddf.public=digits",
+            "method.feddf.public_split=test",
+            "method.feddf.distill.steps=60",
+        ),
     )
 
     def check(self) -> None:

@@ -32,6 +32,7 @@ model = the clients' FedAvg, server BN in train mode while distilling.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
@@ -44,7 +45,7 @@ from torch import nn
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext
-from osfl.fl.method import register_method
+from osfl.fl.method import MethodCard, register_method
 from osfl.fl.optim import build_optimizer
 from osfl.fl.upload import Broadcast, MetaSpec, Upload, UploadSpec
 from osfl.methods.kd.base import (
@@ -159,10 +160,13 @@ class FedFTG(DistillationMethod):
     """Conditional-generator fine-tuning of the FedAvg model (one round)."""
 
     Config: ClassVar[type] = FedFTGConfig
-    smoke: ClassVar[tuple[str, ...]] = (
-        "data.max_per_class=60",  # a non-IID task where FedAvg is weak and the ensemble strong
-        "partition.alpha=0.1",
-        "method.fedftg.epochs=3",
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        DistillationMethod.card,
+        smoke=(
+            "data.max_per_class=60",  # a non-IID task where FedAvg is weak and the ensemble strong
+            "partition.alpha=0.1",
+            "method.fedftg.epochs=3",
+        ),
     )
 
     # --- client side: the shared client + its class counts --------------------------

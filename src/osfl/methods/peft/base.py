@@ -24,6 +24,7 @@ the run's seeded initial weights), so it never crosses the network.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -36,7 +37,7 @@ from torch import nn
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext, RunContext
-from osfl.fl.method import Predictor
+from osfl.fl.method import MethodCard, Predictor, Reporting
 from osfl.fl.seeds import derive_seed
 from osfl.fl.training import init_model, train_local
 from osfl.fl.upload import NUM_SAMPLES, Broadcast, TensorSpec, Upload, UploadSpec
@@ -145,7 +146,7 @@ class PEFTConfig(FedAvgConfig):
     client_fraction: float = 0.1
 
 
-class PEFTMethod(FedAvg):
+class PEFTMethod(FedAvg, Reporting):
     """FedAvg over a trainable subset of the parameters (see the module docstring).
 
     Subclasses choose the trainable set (:meth:`is_trainable`) and may add
@@ -153,12 +154,15 @@ class PEFTMethod(FedAvg):
     also vary the set per client or round (:meth:`client_names`,
     :meth:`global_names`) and train a view of the model (:meth:`client_view`).
     """
-    regime: ClassVar[str] = "pretrained"
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        FedAvg.card,
+        regime="pretrained",
+        one_shot=False,
+        default_run=False,
+        default_order=40,
+    )
 
     Config: ClassVar[type] = PEFTConfig
-    one_shot: ClassVar[bool] = False
-    default_run: ClassVar[bool] = False
-    default_order: ClassVar[int] = 40
     needs_vit: ClassVar[bool] = False
 
     def __init__(self, config: Any, run: RunContext):
@@ -304,6 +308,10 @@ class PEFTMethod(FedAvg):
             {c: uploads[c].tensors for c in clients}, dict(zip(clients, w, strict=True))
         )
         return {**state, **averaged}
+
+    def aggregate_mean(self, state: StateDict, mean: Upload, round: int) -> StateDict:
+        """The round's mean replaces the global tensors the clients trained."""
+        return {**state, **mean.tensors}
 
     def global_model(self, state: Mapping[str, torch.Tensor]) -> nn.Module:
         """The base with the global tensors of ``state`` loaded (eval mode)."""

@@ -31,6 +31,7 @@ code's shallow BERT clients.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -39,7 +40,7 @@ from torch import nn
 
 from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext
-from osfl.fl.method import register_method
+from osfl.fl.method import MethodCard, register_method
 from osfl.fl.upload import Broadcast
 from osfl.methods.peft.base import PEFTConfig, PEFTMethod, SubsetViT, peft_smoke
 from osfl.methods.peft.fedra import block_index
@@ -75,7 +76,7 @@ class FedBFPT(PEFTMethod):
 
     Config: ClassVar[type] = FedBFPTConfig
     needs_vit: ClassVar[bool] = True
-    smoke: ClassVar[tuple[str, ...]] = peft_smoke("fedbfpt")
+    card: ClassVar[MethodCard] = dataclasses.replace(PEFTMethod.card, smoke=peft_smoke("fedbfpt"))
 
     def num_layers(self) -> int:
         return len(self.meta_model().blocks)  # type: ignore[arg-type]

@@ -27,6 +27,7 @@ the norms but never unfreezes them; ``train_norms=true`` trains them
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -37,7 +38,7 @@ from torch import nn
 
 from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext
-from osfl.fl.method import register_method
+from osfl.fl.method import MethodCard, register_method
 from osfl.fl.seeds import derive_seed
 from osfl.fl.upload import Broadcast
 from osfl.methods.clients import StateDict
@@ -87,7 +88,10 @@ class FedRA(PEFTMethod):
 
     Config: ClassVar[type] = FedRAConfig
     needs_vit: ClassVar[bool] = True
-    smoke: ClassVar[tuple[str, ...]] = peft_smoke("fedra", "method.fedra.depths=[2,1]")
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        PEFTMethod.card,
+        smoke=peft_smoke("fedra", "method.fedra.depths=[2,1]"),
+    )
 
     def __init__(self, config: FedRAConfig, run: Any):
         super().__init__(config, run)

@@ -21,6 +21,7 @@ pretrained model and never crosses the network.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import ClassVar
 
@@ -28,7 +29,7 @@ import torch
 from torch import nn
 
 from osfl.errors import ConfigError
-from osfl.fl.method import register_method
+from osfl.fl.method import MethodCard, register_method
 from osfl.methods.peft.base import PEFTConfig, PEFTMethod, peft_smoke
 from osfl.methods.peft.lora import add_lora, reset_lora
 from osfl.methods.peft.prompts import PROMPT_KEY, add_prompt_tokens, reset_prompts
@@ -40,7 +41,7 @@ LORA_MARK = ".lora_"
 class FedFull(PEFTMethod):
     """Fed-Full: FedAvg over every parameter."""
 
-    smoke: ClassVar[tuple[str, ...]] = peft_smoke("fedfull")
+    card: ClassVar[MethodCard] = dataclasses.replace(PEFTMethod.card, smoke=peft_smoke("fedfull"))
 
     def is_trainable(self, name: str) -> bool:
         return True
@@ -50,7 +51,10 @@ class FedFull(PEFTMethod):
 class FedHead(PEFTMethod):
     """Fed-Head: only the classifier trains."""
 
-    smoke: ClassVar[tuple[str, ...]] = peft_smoke("fedhead", "train.lr=0.01")
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        PEFTMethod.card,
+        smoke=peft_smoke("fedhead", "train.lr=0.01"),
+    )
 
     def is_trainable(self, name: str) -> bool:
         return name.startswith(self.head_prefix())
@@ -60,7 +64,7 @@ class FedHead(PEFTMethod):
 class FedBias(PEFTMethod):
     """Fed-Bias (BitFit): every bias term + the classifier."""
 
-    smoke: ClassVar[tuple[str, ...]] = peft_smoke("fedbias")
+    card: ClassVar[MethodCard] = dataclasses.replace(PEFTMethod.card, smoke=peft_smoke("fedbias"))
 
     def is_trainable(self, name: str) -> bool:
         return name.endswith(".bias") or name.startswith(self.head_prefix())
@@ -85,7 +89,10 @@ class FedPrompt(PEFTMethod):
 
     Config: ClassVar[type] = FedPromptConfig
     needs_vit: ClassVar[bool] = True
-    smoke: ClassVar[tuple[str, ...]] = peft_smoke("fedprompt", "train.lr=0.01")
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        PEFTMethod.card,
+        smoke=peft_smoke("fedprompt", "train.lr=0.01"),
+    )
 
     def adapt(self, model: nn.Module) -> None:
         add_prompt_tokens(model, self.config.num_prompts)  # type: ignore[arg-type]
@@ -127,7 +134,7 @@ class FedLoRA(PEFTMethod):
 
     Config: ClassVar[type] = FedLoRAConfig
     needs_vit: ClassVar[bool] = True
-    smoke: ClassVar[tuple[str, ...]] = peft_smoke("fedlora")
+    card: ClassVar[MethodCard] = dataclasses.replace(PEFTMethod.card, smoke=peft_smoke("fedlora"))
 
     def adapt(self, model: nn.Module) -> None:
         lo = self.config.lora
