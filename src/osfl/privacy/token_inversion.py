@@ -366,7 +366,7 @@ class TokenInversion(ReconstructionAttack):
     def train_decoder(
         self, aux: ImageSet, encode: TokenEncoder, device: torch.device
     ) -> tuple[TokenDecoder, list[float]]:
-        from osfl.methods.frozen.fit import FitConfig, fit
+        from osfl.fl.tensor_fit import FitConfig, fit
 
         cfg = self.config
         tokens = encode(aux.images, device)

@@ -44,6 +44,7 @@ from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext
 from osfl.fl.method import Predictor, register_method
 from osfl.fl.seeds import derive_seed
+from osfl.fl.tensor_fit import FitConfig, fit
 from osfl.fl.upload import NUM_SAMPLES, Broadcast, MetaSpec, TensorSpec, Upload, UploadSpec
 from osfl.methods.falcon.classifier import AttentionPoolClassifier, ClassifierConfig
 from osfl.methods.falcon.generator import LAYOUTS, GeneratorConfig, SequenceGenerator
@@ -65,7 +66,6 @@ from osfl.methods.frozen.base import (
     part_bytes,
 )
 from osfl.methods.frozen.encoder import EncoderConfig
-from osfl.methods.frozen.fit import FitConfig, fit
 from osfl.methods.frozen.tokens import cached_module, token_key_parts
 from osfl.methods.frozen.views import HSEConfig, ViewSet
 
