@@ -5,9 +5,11 @@ Liu et al., FALCON (2025), §3.5, Table 5 (OfficeHome: real 27.18 dB / 0.811,
 synthetic 13.30 dB / 0.153). The attack (``token_inversion``,
 :mod:`osfl.privacy.token_inversion`) trains a decoder on an auxiliary set
 (``--aux-per-class`` test images per class, the server's side) from the
-Observation of one client's upload — the encoder and views rebuilt from the
-Observation's public hyper-parameters — and scores against the client's real
-images (simulation ground truth). Synthetic scores are best matches per
+Observation of one client's upload through FALCON's adapter
+(:func:`osfl.methods.falcon.inversion.falcon_token_source`: the encoder and
+views rebuilt from the Observation's public hyper-parameters, the synthetic
+sequences read or sampled from the upload) and scores against the client's
+real images (simulation ground truth). Synthetic scores are best matches per
 image, as in the paper.
 
     python benchmarks/falcon_inversion.py configs/falcon_feature_cpu.yaml --client 0
@@ -22,10 +24,10 @@ import json
 
 from falcon_common import client, falcon_setup
 from osfl.fl.observation import observe
+from osfl.methods.falcon.inversion import falcon_token_source
 from osfl.privacy import run_reconstruction_attack
 from osfl.privacy.audit import aux_set
 from osfl.privacy.audit.recorder import observation_hparams
-from osfl.privacy.token_inversion import token_encoder_from_observation
 
 
 def main() -> None:
@@ -52,7 +54,7 @@ def main() -> None:
         upload_meta=up.meta,
         hparams=observation_hparams(m, ctx.run),
     )
-    encode = token_encoder_from_observation(
+    source = falcon_token_source(
         obs, data.image_shape, ctx.run.eval_transform, run_seed=ctx.run.seed, device=ctx.run.device
     )
     aux = aux_set(ctx.splits.test, args.aux_per_class)
@@ -60,7 +62,7 @@ def main() -> None:
         "token_inversion",
         obs,
         aux,
-        encode=encode,
+        source=source,
         private=data,
         device=ctx.run.device,
         epochs=args.epochs,

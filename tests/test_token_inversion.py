@@ -1,7 +1,10 @@
-"""The token-inversion attack (FALCON Table 5 shape): it rebuilds the public
-encoder from an Observation, reads the synthetic sequences of either upload
-form (and FedPFT's mixtures), trains a decoder on auxiliary images and scores
-real vs synthetic reconstructions; bad inputs are refused clearly."""
+"""The token-inversion attack (FALCON Table 5 shape) fed by the methods'
+adapters: FALCON's rebuilds the public encoder from an Observation and reads
+the synthetic sequences of either upload form, FedPFT's samples its mixtures;
+the attack trains a decoder on auxiliary images and scores real vs synthetic
+reconstructions — the same numbers as before the adapters moved to the
+method side; bad inputs are refused clearly. (The attack on plain tensors,
+with no method at all: tests/test_token_inversion_plain.py.)"""
 
 from __future__ import annotations
 
@@ -16,15 +19,19 @@ from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext
 from osfl.fl.observation import Observation, observe
 from osfl.methods.falcon import FALCON
+from osfl.methods.falcon.inversion import FalconTokens, falcon_token_source
 from osfl.methods.fedpft import FedPFT
-from osfl.privacy import RECONSTRUCTION_ATTACKS, ObservationError, run_reconstruction_attack
-from osfl.privacy.audit.recorder import observation_hparams
-from osfl.privacy.token_inversion import (
-    SYNTHETIC_SOURCES,
-    TokenDecoder,
-    best_match_scores,
-    token_encoder_from_observation,
+from osfl.methods.fedpft_inversion import fedpft_token_source
+from osfl.methods.frozen.inversion import token_encoder_from_observation
+from osfl.privacy import (
+    RECONSTRUCTION_ATTACKS,
+    FixedTokens,
+    ObservationError,
+    TokenSource,
+    run_reconstruction_attack,
 )
+from osfl.privacy.audit.recorder import observation_hparams
+from osfl.privacy.token_inversion import TokenDecoder, best_match_scores
 
 TINY = [
     "data.image_size=16",
@@ -73,7 +80,6 @@ def observed(ctx: SeedContext, method: Any, client: int = 0) -> tuple[Observatio
 
 def test_registry_and_decoder_shapes() -> None:
     assert "token_inversion" in RECONSTRUCTION_ATTACKS.names()
-    assert {"falcon", "fedpft"} <= set(SYNTHETIC_SOURCES.names())
     for shape in [(1, 16, 16), (3, 32, 32), (3, 448, 448)]:
         dec = TokenDecoder(5, 8, shape, width=16)
         assert dec(torch.randn(2, 5, 8)).shape == (2, *shape)
@@ -97,19 +103,39 @@ def test_synthetic_sequences_of_either_form(setup, form: str) -> None:
     ctx = setup["ctx"]
     m = FALCON(method_config(FALCON, {**FAST, "upload": form}), ctx.run)
     obs, data = observed(ctx, m)
-    enc = token_encoder_from_observation(obs, data.image_shape, ctx.run.eval_transform, run_seed=0)
-    syn = SYNTHETIC_SOURCES.get("falcon")(obs, enc, torch.Generator().manual_seed(0))
+    source = falcon_token_source(obs, data.image_shape, ctx.run.eval_transform, run_seed=0)
+    assert isinstance(source, TokenSource) and (source.encode.num_views, source.encode.dim) == (
+        5,
+        16,
+    )
+    syn = source.synthetic(obs, torch.Generator().manual_seed(0))
     assert syn.shape == (sum(obs.upload_meta["synthetic_counts"]), 5, 16)
     assert bool(torch.isfinite(syn).all())
+    if form == "sequences":  # the uploaded tensors, class by class, as is
+        ups = [obs.upload[k].float() for k in sorted(obs.upload) if k.startswith("sequences.")]
+        assert torch.equal(syn, torch.cat(ups))
+    else:  # seeded draws from the uploaded generator
+        again = source.synthetic(obs, torch.Generator().manual_seed(0))
+        assert torch.equal(syn, again)
 
 
-def test_attack_scores_real_and_synthetic_reconstructions(setup) -> None:
+@pytest.fixture(scope="module")
+def falcon_attack(setup) -> dict[str, Any]:
+    """One client's FALCON (sequences form) Observation, its adapter and the
+    attack's result on it (shared: the decoder takes a few seconds)."""
     ctx = setup["ctx"]
     m = FALCON(method_config(FALCON, {**FAST, "upload": "sequences"}), ctx.run)
     obs, data = observed(ctx, m)
     aux = ctx.splits.test.subset(list(range(0, len(ctx.splits.test), 2)))
-    enc = token_encoder_from_observation(obs, data.image_shape, ctx.run.eval_transform, run_seed=0)
-    res = run_reconstruction_attack("token_inversion", obs, aux, encode=enc, private=data, **ATTACK)
+    source = falcon_token_source(obs, data.image_shape, ctx.run.eval_transform, run_seed=0)
+    res = run_reconstruction_attack(
+        "token_inversion", obs, aux, source=source, private=data, **ATTACK
+    )
+    return {"obs": obs, "data": data, "aux": aux, "source": source, "res": res}
+
+
+def test_attack_scores_real_and_synthetic_reconstructions(falcon_attack) -> None:
+    obs, aux, res = falcon_attack["obs"], falcon_attack["aux"], falcon_attack["res"]
     assert res.num_targets == 12 and res.num_synthetic == sum(obs.upload_meta["synthetic_counts"])
     for k in ("real", "synthetic"):
         img = res.images[k]
@@ -131,28 +157,57 @@ def test_attack_scores_real_and_synthetic_reconstructions(setup) -> None:
     assert set(res.as_dict()) >= {"psnr_real", "ssim_real", "psnr_synthetic", "ssim_synthetic"}
 
 
+def test_the_method_adapter_gives_the_numbers_from_before(falcon_attack) -> None:
+    """The scores the attack gave on this fixed input when it still read
+    FALCON's upload itself (commit 45547d0: the SYNTHETIC_SOURCES registry in
+    osfl.privacy), and the same result through a plain FixedTokens holding the
+    adapter's sequences: the attack treats every source alike."""
+    res = falcon_attack["res"]
+    assert res.psnr_real == pytest.approx(22.960733, abs=1e-3)
+    assert res.ssim_real == pytest.approx(0.913140, abs=1e-4)
+    assert res.psnr_synthetic == pytest.approx(13.740059, abs=1e-3)
+    assert res.ssim_synthetic == pytest.approx(0.481368, abs=1e-4)
+    assert res.info["decoder_final_mse"] == pytest.approx(0.00321807, rel=1e-4)
+    assert (res.num_targets, res.num_synthetic, res.info["method"]) == (12, 53, "falcon")
+    obs, source = falcon_attack["obs"], falcon_attack["source"]
+    plain = FixedTokens(source.encode, source.synthetic(obs, torch.Generator().manual_seed(0)))
+    again = run_reconstruction_attack(
+        "token_inversion",
+        obs,
+        falcon_attack["aux"],
+        source=plain,
+        private=falcon_attack["data"],
+        **ATTACK,
+    )
+    assert again.as_dict() == res.as_dict()
+    assert all(torch.equal(again.images[k], res.images[k]) for k in res.images)
+
+
 def test_fedpft_mixtures_are_a_synthetic_source(setup) -> None:
     ctx = setup["ctx"]
     m = FedPFT(method_config(FedPFT, {"components": 2, "max_iter": 10}), ctx.run)
     obs, data = observed(ctx, m, client=1)
-    enc = token_encoder_from_observation(obs, data.image_shape, ctx.run.eval_transform, run_seed=0)
-    syn = SYNTHETIC_SOURCES.get("fedpft")(obs, enc, torch.Generator().manual_seed(0))
+    source = fedpft_token_source(obs, data.image_shape, ctx.run.eval_transform, run_seed=0)
+    assert isinstance(source, TokenSource)
+    syn = source.synthetic(obs, torch.Generator().manual_seed(0))
     assert syn.shape == (len(data), 1, 16)
+    assert torch.equal(syn, source.synthetic(obs, torch.Generator().manual_seed(0)))
+    # the class mixtures sit where the client's global tokens are
+    real = source.encode(data.images)[:, :1]
+    assert float((syn.mean(0) - real.mean(0)).norm()) < float(real.std(0).norm())
 
 
-def test_bad_inputs_are_refused(setup) -> None:
-    ctx = setup["ctx"]
-    m = FALCON(method_config(FALCON, {**FAST, "upload": "sequences"}), ctx.run)
-    obs, data = observed(ctx, m)
-    enc = token_encoder_from_observation(obs, data.image_shape, ctx.run.eval_transform, run_seed=0)
+def test_bad_inputs_are_refused(falcon_attack) -> None:
+    obs, data, source = falcon_attack["obs"], falcon_attack["data"], falcon_attack["source"]
+    aux = falcon_attack["aux"]
     with pytest.raises(ConfigError, match="private"):
-        run_reconstruction_attack("token_inversion", obs, ctx.splits.test, encode=enc, private=None)
+        run_reconstruction_attack("token_inversion", obs, aux, source=source, private=None)
     with pytest.raises(ConfigError, match="no option"):
-        run_reconstruction_attack(
-            "token_inversion", obs, ctx.splits.test, encode=enc, private=data, steps=3
-        )
+        run_reconstruction_attack("token_inversion", obs, aux, source=source, private=data, steps=3)
     with pytest.raises(ConfigError, match="reconstruction attack"):
-        run_reconstruction_attack("dlg", obs, ctx.splits.test, encode=enc, private=data)
+        run_reconstruction_attack("dlg", obs, aux, source=source, private=data)
+    with pytest.raises(ConfigError, match="TokenSource"):  # an encoder is not a source
+        run_reconstruction_attack("token_inversion", obs, aux, source=source.encode, private=data)
     other = Observation(
         0,
         0,
@@ -160,10 +215,13 @@ def test_bad_inputs_are_refused(setup) -> None:
         upload_meta=obs.upload_meta,
         hparams={**obs.hparams, "method": "fedavg"},
     )
-    with pytest.raises(ConfigError, match="synthetic token source"):
-        run_reconstruction_attack(
-            "token_inversion", other, ctx.splits.test, encode=enc, private=data
-        )
+    with pytest.raises(ObservationError, match=r"hparams\.method"):
+        run_reconstruction_attack("token_inversion", other, aux, source=source, private=data)
+    broken = Observation(
+        0, 0, upload={"generator": torch.zeros(3)}, upload_meta={}, hparams=obs.hparams
+    )
+    with pytest.raises(ObservationError, match=r"upload\.generator"):
+        FalconTokens(source.encode).synthetic(broken, torch.Generator())
     with pytest.raises(ObservationError, match=r"hparams\.fl\.encoder"):
         token_encoder_from_observation(
             Observation(0, 0, hparams={"model": {"name": "x"}, "num_classes": 10}),

@@ -46,6 +46,7 @@ from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext
 from osfl.fl.method import MethodCard, Predictor, Reporting, SiteEvaluation, register_method
 from osfl.fl.seeds import derive_seed
+from osfl.fl.tensor_fit import FitConfig, fit
 from osfl.fl.upload import NUM_SAMPLES, Broadcast, MetaSpec, TensorSpec, Upload, UploadSpec
 from osfl.methods.frozen.base import (
     FrozenEncoderMethod,
@@ -54,7 +55,6 @@ from osfl.methods.frozen.base import (
     part_bytes,
 )
 from osfl.methods.frozen.encoder import EncoderConfig
-from osfl.methods.frozen.fit import FitConfig, fit
 
 __all__ = ["FedPFT", "FedPFTConfig", "LinearTokenHead", "fit_class_gmm", "sample_gmm_rows"]
 

@@ -9,7 +9,11 @@
 - :mod:`osfl.privacy.simulate`: an Observation without the FL runtime;
 - :data:`RECONSTRUCTION_ATTACKS` / :func:`run_reconstruction_attack`: image
   reconstruction from uploaded token sequences (``token_inversion``,
-  :mod:`osfl.privacy.token_inversion`, FALCON Table 5).
+  :mod:`osfl.privacy.token_inversion`, FALCON Table 5), fed through a
+  :class:`TokenSource` (:mod:`osfl.privacy.token_source`: plain tensors, or a
+  method's adapter built on the method side).
+
+Nothing here imports :mod:`osfl.methods`.
 
 See docs/privacy.md for the threat model and how to audit a run.
 """
@@ -28,6 +32,7 @@ from osfl.privacy.label_recovery import (
 )
 from osfl.privacy.label_recovery import resolve as resolve_inputs
 from osfl.privacy.token_inversion import RECONSTRUCTION_ATTACKS, run_reconstruction_attack
+from osfl.privacy.token_source import CallableTokenEncoder, FixedTokens, TokenEncoder, TokenSource
 
 if TYPE_CHECKING:
     import torch
@@ -69,9 +74,13 @@ __all__ = [
     "ATTACKS",
     "RECONSTRUCTION_ATTACKS",
     "AttackInputs",
+    "CallableTokenEncoder",
+    "FixedTokens",
     "LabelAttack",
     "LabelRecoveryResult",
     "ObservationError",
+    "TokenEncoder",
+    "TokenSource",
     "resolve_inputs",
     "run_attack",
     "run_reconstruction_attack",

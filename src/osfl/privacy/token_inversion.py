@@ -13,33 +13,37 @@ synthetic reconstructions: the paper's conservative, worst-case protocol).
 
 Threat model here: an honest-but-curious server with an auxiliary image set
 of the task (``aux``, e.g. a held-out split) and the public encoder and view
-recipe (every party knows them: :mod:`osfl.methods.frozen`). It trains a
-deterministic decoder — a linear map from the standardised sequence to a
-small feature map, then nearest-upsampling convolution blocks, sigmoid
-output — with MSE on the auxiliary images. The paper's attacker is a
+recipe (every party knows them). It trains a deterministic decoder — a
+linear map from the standardised sequence to a small feature map, then
+nearest-upsampling convolution blocks, sigmoid output — with MSE on the
+auxiliary images. The paper's attacker is a
 conditional generative model, so our numbers are a lower bound on leakage
 from a weaker (regression) attacker; the *gap* between real and synthetic
 tokens is the quantity of interest.
 
-Contract: like the label attacks (:mod:`osfl.privacy.label_recovery.base`)
-an attack consumes an :class:`~osfl.fl.observation.Observation` (the upload
-as the server saw it, the public hyper-parameters) and an auxiliary
-ImageSet. Its result is images and PSNR/SSIM, not label counts, so it has
-its own small registry, :data:`RECONSTRUCTION_ATTACKS`. Scoring needs the
-client's real images (``private=``, simulation ground truth), which
-Observations do not record.
+Input contract (plain data; :mod:`osfl.privacy.token_source`):
 
-Where the synthetic sequences come from is a registry keyed by the
-observed method (:data:`SYNTHETIC_SOURCES`): FALCON's ``sequences.<c>``
-tensors or draws from its uploaded generator, FedPFT's draws from its
-class mixtures (a single global token per sample).
+- ``obs``: the :class:`~osfl.fl.observation.Observation` of one client's
+  upload (used for its ids and ``hparams.method`` in the result, and handed
+  to the source);
+- ``aux``: an ImageSet, uint8 (N, C, H, W), the server's auxiliary images;
+- ``source``: a :class:`~osfl.privacy.token_source.TokenSource` — the public
+  encoder (uint8 images -> float32 (N, V, D) tokens) and the synthetic
+  sequences (M, V, D) the server holds from the upload. Method-specific ones
+  (FALCON's sequences or generator, FedPFT's mixtures) are built on the method
+  side (:mod:`osfl.methods.falcon.inversion`,
+  :mod:`osfl.methods.fedpft_inversion`); plain ones need no method;
+- ``private``: the client's real images (ImageSet), simulation ground truth
+  that Observations do not record, to score against.
+
+The result is images and PSNR/SSIM, not label counts, so reconstruction
+attacks have their own small registry, :data:`RECONSTRUCTION_ATTACKS`.
 """
 
 from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -48,156 +52,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from osfl.errors import ConfigError
-from osfl.fl.context import ModelSpec
+from osfl.errors import ConfigError, DataError
+from osfl.fl.tensor_fit import FitConfig, fit
 from osfl.privacy.label_recovery.base import ObservationError
 from osfl.privacy.metrics import psnr, ssim
+from osfl.privacy.token_source import TokenEncoder, TokenSource
 from osfl.registry import Registry
 
 if TYPE_CHECKING:
     from osfl.data.imageset import ImageSet
     from osfl.fl.observation import Observation
-    from osfl.methods.frozen.encoder import FrozenEncoder
-    from osfl.methods.frozen.views import ViewSet
 
 __all__ = [
     "RECONSTRUCTION_ATTACKS",
-    "SYNTHETIC_SOURCES",
     "ReconstructionResult",
     "TokenDecoder",
-    "TokenEncoder",
     "TokenInversion",
     "TokenInversionConfig",
     "best_match_scores",
     "register_reconstruction_attack",
     "run_reconstruction_attack",
-    "token_encoder_from_observation",
 ]
-
-
-# --------------------------------------------------------------------------- tokens
-class TokenEncoder:
-    """uint8 images (N, C, H, W) -> token sequences (N, V, D) exactly as the
-    clients computed them: the run's evaluation transform, then the views,
-    then the frozen encoder."""
-
-    def __init__(
-        self,
-        encoder: FrozenEncoder,
-        views: Sequence[ViewSet],
-        transform: Callable[[torch.Tensor], torch.Tensor] | None,
-        batch_size: int = 128,
-    ):
-        self.encoder, self.views, self.transform = encoder, list(views), transform
-        self.batch_size = batch_size
-
-    @property
-    def num_views(self) -> int:
-        return sum(v.num_views for v in self.views)
-
-    @property
-    def dim(self) -> int:
-        return self.encoder.dim
-
-    def __call__(self, images: torch.Tensor, device: torch.device | str = "cpu") -> torch.Tensor:
-        from osfl.methods.frozen.tokens import encode_images
-
-        return encode_images(
-            self.encoder,
-            images,
-            self.transform,
-            self.views,
-            batch_size=self.batch_size,
-            device=torch.device(device),
-        )
-
-
-def token_encoder_from_observation(
-    obs: Observation,
-    image_shape: tuple[int, int, int],
-    transform: Callable[[torch.Tensor], torch.Tensor] | None,
-    *,
-    run_seed: int | None = None,
-    device: torch.device | str = "cpu",
-) -> TokenEncoder:
-    """The public encoder and views of a frozen-encoder run, rebuilt from the
-    Observation's hyper-parameters (``model``, ``num_classes`` and the
-    method's ``fl`` options). A randomly initialised encoder (no
-    ``model.kwargs.pretrained``) also needs the run's seed."""
-    from osfl.methods.frozen.encoder import EncoderConfig, build_encoder
-    from osfl.methods.frozen.views import HSEConfig, ViewSet
-
-    def bad(msg: str, fld: str) -> ObservationError:
-        return ObservationError(msg, field=fld, client=obs.client_id, round=obs.round)
-
-    spec = obs.hparams.get("model")
-    fl = obs.hparams.get("fl") or {}
-    k = obs.hparams.get("num_classes")
-    if not isinstance(spec, Mapping) or "name" not in spec or not isinstance(k, int):
-        raise bad("needs hparams.model = {name, kwargs} and hparams.num_classes", "hparams.model")
-    if not isinstance(fl.get("encoder"), Mapping):
-        raise bad("not a frozen-encoder run (no hparams.fl.encoder)", "hparams.fl.encoder")
-    cfg = EncoderConfig(**fl["encoder"])
-    kwargs = dict(spec.get("kwargs") or {})
-    if cfg.size is not None:
-        kwargs["img_size"] = cfg.size
-    size = int(kwargs.get("img_size", image_shape[1]))
-    if "pretrained" not in kwargs and run_seed is None:
-        raise bad(
-            "the encoder is randomly initialised: pass run_seed= to rebuild it", "hparams.model"
-        )
-    encoder = build_encoder(ModelSpec(str(spec["name"]), kwargs), size, k, run_seed or 0, device)
-    views = [ViewSet("global", size)]
-    if fl.get("hse"):
-        views.append(ViewSet.regions(HSEConfig(**(fl.get("views") or {})), size, image_shape[1]))
-    return TokenEncoder(encoder, views, transform, cfg.batch_size)
-
-
-# --------------------------------------------------------------------------- synthetic sources
-#: method name -> ``source(obs, encode, generator) -> (M, V, D)`` synthetic sequences
-SYNTHETIC_SOURCES: Registry[Callable[..., torch.Tensor]] = Registry("synthetic token source")
-
-
-@SYNTHETIC_SOURCES.register("falcon")
-def _falcon_sequences(
-    obs: Observation, encode: TokenEncoder, generator: torch.Generator
-) -> torch.Tensor:
-    """FALCON: the uploaded ``sequences.<c>``, plus ``synthetic_counts`` draws
-    from an uploaded generator (what the server itself would train on)."""
-    from osfl.methods.falcon.generator import GeneratorConfig, SequenceGenerator
-    from osfl.methods.falcon.upload import GENERATOR, load_flat_state, sequences_of
-
-    parts = [t.float() for k, t in sorted(obs.upload.items()) if k.startswith("sequences.")]
-    if GENERATOR in obs.upload:
-        fl = obs.hparams.get("fl") or {}
-        gen = SequenceGenerator(
-            encode.dim,
-            encode.num_views,
-            int(obs.hparams["num_classes"]),
-            GeneratorConfig(**(fl.get("generator_model") or {})),
-            str(fl.get("generator", "mar")),
-        )
-        load_flat_state(gen, obs.upload[GENERATOR])
-        counts = torch.tensor(obs.upload_meta.get("synthetic_counts") or [], dtype=torch.int64)
-        parts += list(sequences_of(gen, counts, generator).values())
-    return torch.cat(parts) if parts else torch.zeros(0, encode.num_views, encode.dim)
-
-
-@SYNTHETIC_SOURCES.register("fedpft")
-def _fedpft_features(
-    obs: Observation, encode: TokenEncoder, generator: torch.Generator
-) -> torch.Tensor:
-    """FedPFT: n_c draws from each uploaded class mixture (the server's own
-    training features), as one-token sequences."""
-    from osfl.methods.fedpft import sample_gmm_rows
-
-    counts = obs.upload_meta.get("class_counts") or []
-    parts = []
-    for k, n in enumerate(counts):
-        rows = obs.upload.get(f"gmm.{k}")
-        if rows is not None and n > 0:
-            parts.append(sample_gmm_rows(rows, int(n), generator, 1e-6)[:, None])
-    return torch.cat(parts) if parts else torch.zeros(0, 1, encode.dim)
 
 
 # --------------------------------------------------------------------------- decoder
@@ -312,7 +187,7 @@ class ReconstructionAttack(ABC):
         obs: Observation,
         aux: ImageSet,
         *,
-        encode: TokenEncoder,
+        source: TokenSource,
         private: ImageSet,
         device: torch.device | str = "cpu",
     ) -> ReconstructionResult:
@@ -366,10 +241,13 @@ class TokenInversion(ReconstructionAttack):
     def train_decoder(
         self, aux: ImageSet, encode: TokenEncoder, device: torch.device
     ) -> tuple[TokenDecoder, list[float]]:
-        from osfl.methods.frozen.fit import FitConfig, fit
-
         cfg = self.config
         tokens = encode(aux.images, device)
+        if tuple(tokens.shape[1:]) != (encode.num_views, encode.dim):
+            raise DataError(
+                f"the token encoder made shape {tuple(tokens.shape)}, it declares "
+                f"(N, {encode.num_views}, {encode.dim})"
+            )
         target = aux.images.float() / 255
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.seed)
@@ -391,7 +269,7 @@ class TokenInversion(ReconstructionAttack):
         obs: Observation,
         aux: ImageSet,
         *,
-        encode: TokenEncoder,
+        source: TokenSource,
         private: ImageSet,
         device: torch.device | str = "cpu",
     ) -> ReconstructionResult:
@@ -401,10 +279,14 @@ class TokenInversion(ReconstructionAttack):
             raise ConfigError("token_inversion needs an auxiliary ImageSet (aux=)")
         if private is None or len(private) == 0:
             raise ConfigError("token_inversion needs the client's real images (private=) to score")
-        method = str(obs.hparams.get("method", ""))
-        source = SYNTHETIC_SOURCES.get(method)
+        if not isinstance(source, TokenSource):
+            raise ConfigError(
+                "token_inversion needs source= with .encode and .synthetic(obs, generator) "
+                f"(osfl.privacy.token_source.TokenSource), got {type(source).__name__}"
+            )
+        method, encode = str(obs.hparams.get("method", "")), source.encode
         gen = torch.Generator().manual_seed(cfg.seed)
-        synthetic = source(obs, encode, gen)
+        synthetic = source.synthetic(obs, gen)
         if synthetic.shape[1:] != (encode.num_views, encode.dim):
             raise ObservationError(
                 f"synthetic sequences of shape {tuple(synthetic.shape[1:])}, the encoder makes "
@@ -459,12 +341,13 @@ def run_reconstruction_attack(
     observation: Observation,
     aux: ImageSet,
     *,
-    encode: TokenEncoder,
+    source: TokenSource,
     private: ImageSet,
     device: torch.device | str = "cpu",
     **options: Any,
 ) -> ReconstructionResult:
-    """Run the registered reconstruction attack ``name`` (``**options``: its
+    """Run the registered reconstruction attack ``name`` on ``observation``
+    with the method's (or a hand-made) token ``source`` (``**options``: its
     config fields; unknown names or options are a ConfigError)."""
     import dataclasses
 
@@ -476,5 +359,5 @@ def run_reconstruction_attack(
             f"attack {name!r} has no option(s) {', '.join(unknown)}; valid: {', '.join(sorted(valid))}"
         )
     return cls(cls.Config(**options)).recover(
-        observation, aux, encode=encode, private=private, device=device
+        observation, aux, source=source, private=private, device=device
     )

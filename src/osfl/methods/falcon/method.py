@@ -52,6 +52,7 @@ from osfl.fl.method import (
     register_method,
 )
 from osfl.fl.seeds import derive_seed
+from osfl.fl.tensor_fit import FitConfig, fit
 from osfl.fl.upload import NUM_SAMPLES, Broadcast, MetaSpec, TensorSpec, Upload, UploadSpec
 from osfl.methods.falcon.classifier import AttentionPoolClassifier, ClassifierConfig
 from osfl.methods.falcon.generator import LAYOUTS, GeneratorConfig, SequenceGenerator
@@ -73,7 +74,6 @@ from osfl.methods.frozen.base import (
     part_bytes,
 )
 from osfl.methods.frozen.encoder import EncoderConfig
-from osfl.methods.frozen.fit import FitConfig, fit
 from osfl.methods.frozen.tokens import cached_module, token_key_parts
 from osfl.methods.frozen.views import HSEConfig, ViewSet
 

@@ -1,10 +1,13 @@
 """Shared machinery of the methods that classify from a frozen, public
 encoder (FALCON, FedPFT, FedCGS): the encoder (:mod:`.encoder`), its views
 including FALCON's hierarchical scale encoding (:mod:`.views`), tokens cached
-by content (:mod:`.tokens`), a tensor training loop (:mod:`.fit`) and the
-Method base with the predictor and byte/FLOP accounting (:mod:`.base`).
+by content (:mod:`.tokens`), the tensor training loop they share
+(:mod:`osfl.fl.tensor_fit`, re-exported), the Method base with the predictor
+and byte/FLOP accounting (:mod:`.base`) and the public encoder as a token
+inversion attack sees it (:mod:`.inversion`).
 """
 
+from osfl.fl.tensor_fit import FitConfig, fit
 from osfl.methods.frozen.base import (
     FrozenEncoderMethod,
     TokenPredictor,
@@ -12,7 +15,6 @@ from osfl.methods.frozen.base import (
     part_bytes,
 )
 from osfl.methods.frozen.encoder import EncoderConfig, FrozenEncoder, build_frozen_encoder
-from osfl.methods.frozen.fit import FitConfig, fit
 from osfl.methods.frozen.tokens import (
     cached_module,
     client_tokens,

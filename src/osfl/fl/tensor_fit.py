@@ -3,7 +3,9 @@
 The frozen-encoder methods train small models — FALCON's generator and
 classifiers, FedPFT's linear head — on tensors, not on images, so they use
 this loop instead of :func:`osfl.fl.training.train_local` (which batches
-uint8 ImageSets through image transforms). The optimizer and schedule come
+uint8 ImageSets through image transforms); so does the token-inversion
+attack's decoder (:mod:`osfl.privacy.token_inversion`), which is why the loop
+lives here, below both methods and privacy. The optimizer and schedule come
 from the registries of local training (:mod:`osfl.fl.optim`), so a config
 names them the same way (``adam``, ``adamw``, ``cosine`` …).
 """
