@@ -19,10 +19,10 @@ from osfl import assembly
 from osfl.config import load_config
 from osfl.errors import ConfigError
 from osfl.experiment import run_experiment
-from osfl.fl.aggregators import AGGREGATORS, aggregate_states
+from osfl.fl.aggregators import AGGREGATORS, aggregate_states, krum_tolerance
 from osfl.fl.server_config import ServerConfig
 from osfl.fl.upload import Broadcast, Upload
-from osfl.robustness.byzantine import POISONS, ByzantineConfig
+from osfl.robustness.byzantine import POISONS, ByzantineConfig, byzantine_config
 from smoke import BASE, smoke_config, smoke_context
 
 
@@ -84,9 +84,18 @@ def test_krum_picks_a_client_of_the_honest_cluster_and_multi_krum_their_mean() -
     assert torch.allclose(multi, torch.full((7,), sum(honest) / 5, dtype=torch.float32))
 
 
-def test_krum_with_too_few_clients_falls_back_to_the_median() -> None:
-    out = combine([1.0, 2.0, 100.0], "krum", byzantine=1)["w"]  # needs n > 2f + 2 = 4
-    assert torch.equal(out, torch.full((7,), 2.0))
+def test_krum_on_too_few_survivors_caps_f_and_stays_krum(caplog) -> None:
+    """4 survivors of 5 (one upload refused) allow f = 0: Krum still picks the
+    client closest to its n − 2 nearest others, never switching rule."""
+    values = [1.0, 1.1, 0.9, 100.0]
+    with caplog.at_level("WARNING"):
+        out = combine(values, "krum", byzantine=1)["w"]  # n > 2f + 2 needs n >= 5 for f = 1
+    assert "at most f=0" in caplog.text
+    assert torch.equal(out, torch.full((7,), 1.0))  # the honest cluster's centre; not a median
+    assert torch.equal(out, combine(values, "krum", byzantine=0)["w"])
+    multi = combine(values, "multi_krum", byzantine=1)["w"]  # m = n - f = 4 with f capped to 0
+    assert torch.allclose(multi, torch.full((7,), sum(values) / 4, dtype=torch.float32))
+    assert krum_tolerance(5, 1) == 1 and krum_tolerance(4, 1) == 0 and krum_tolerance(2, 3) == 0
 
 
 def test_norm_clip_bounds_every_update() -> None:
@@ -180,6 +189,31 @@ def test_bad_byzantine_options_are_refused() -> None:
         ByzantineConfig(clients=[0], kind="flip")
     with pytest.raises(ConfigError, match=r"byzantine\.clients"):
         ByzantineConfig(clients=[-1])
+    with pytest.raises(ConfigError, match=r"byzantine\.scale must be a finite number"):
+        ByzantineConfig(clients=[0], scale=float("nan"))
+    with pytest.raises(ConfigError, match=r"byzantine\.clients must list client ids"):
+        byzantine_config({"clients": ["a"]})
+    with pytest.raises(ConfigError, match=r"names a client twice"):
+        byzantine_config({"clients": [1, 1]})
+    with pytest.raises(ConfigError, match=r"\[9\] do not exist: the run has 5 clients"):
+        ByzantineConfig(clients=[0, 9]).check_clients(5)
+
+
+#: What a fuzzer of the receive path found ends the round; each is one kind now.
+CRAFTED = ("nested_meta", "oversize", "garbage", "truncated")
+
+
+@pytest.mark.parametrize("kind", CRAFTED)
+def test_a_crafted_upload_is_that_clients_refusal_and_the_round_goes_on(tmp_path, kind) -> None:
+    """``byzantine.kind`` drives each crafted fault through the real round
+    loop: client 0 is refused with a reason, the other clients are
+    aggregated, and the result equals the run without client 0's upload."""
+    base = ["methods=[fedavg]", "partition.num_clients=5", "partition.alpha=10.0"]
+    poisoned = _record([*base, "byzantine.clients=[0]", f"byzantine.kind={kind}"], str(tmp_path))
+    ((r, c, why),) = [tuple(x) for x in poisoned["refused"]]
+    assert (r, c) == (0, 0) and why.startswith("[client 0, field "), why
+    missing = _record([*base, "byzantine.clients=[0]", "byzantine.kind=nan"], str(tmp_path))
+    assert poisoned["global_test_accuracy"] == missing["global_test_accuracy"]
 
 
 # --------------------------------------------------------------------------- end to end

@@ -3,9 +3,11 @@ FedAvg round where three honest clients send their real uploads and three
 others send generated bad ones — NaN/Inf, wrong shapes, dtypes, missing and
 extra keys, updates scaled ×10⁶, zero, negative or absurd sample counts,
 truncated or corrupted safetensors bytes, metadata that is not JSON or of the
-wrong type. Every bad upload is refused with an :class:`UploadError` naming
-its client and the field, nothing else is raised, and the aggregate of the
-round equals the aggregate of the honest uploads alone (to 1e-6).
+wrong type, metadata or a header nested thousands of levels deep (``json``
+would recurse past Python's limit), arbitrary bytes. Every bad upload is that
+client's refusal with a reason naming the client and the field, nothing is
+raised, and the aggregate of the round equals the aggregate of the honest
+uploads alone (to 1e-6).
 400 examples × 3 bad uploads: 1,200 bad uploads per run of the fast suite."""
 
 from __future__ import annotations
@@ -130,7 +132,13 @@ KINDS = [
     "truncate",
     "flip",
     "garbage",
+    "nested_meta",
+    "nested_header",
 ]
+
+
+def nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
 
 
 def bad_upload(honest: bytes, data: Any) -> tuple[bytes, str]:
@@ -158,6 +166,15 @@ def bad_upload(honest: bytes, data: Any) -> tuple[bytes, str]:
         return save(
             {k: v.contiguous() for k, v in up.tensors.items()}, metadata={META_KEY: junk}
         ), kind
+    if kind == "nested_meta":  # about 2 KB at depth 1,000: once enough to end the round
+        depth = data.draw(st.sampled_from([17, 100, 999, 1000, 5000, 100_000]))
+        meta = json.dumps(up.meta)[:-1] + f', "z": {nested(depth)}}}'
+        tensors = {k: v.contiguous() for k, v in up.tensors.items()}
+        return save(tensors, metadata={META_KEY: meta}), kind
+    if kind == "nested_header":  # the safetensors header itself
+        depth = data.draw(st.sampled_from([17, 1000, 100_000]))
+        header = f'{{"__metadata__": {{}}, "w": {nested(depth)}}}'.encode()
+        return len(header).to_bytes(8, "little") + header, kind
     raw = bytearray(honest)
     if kind == "truncate":
         return bytes(raw[: data.draw(INDEX) % len(raw)]), kind

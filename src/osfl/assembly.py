@@ -145,7 +145,14 @@ def check_names(cfg: ExperimentConfig) -> list[str]:
     PIPELINES.get(cfg.transform.eval)
     RUNTIMES.get(cfg.runtime)
     defense_config(cfg.defense)
-    byzantine_config(cfg.byzantine)
+    byzantine = byzantine_config(cfg.byzantine)
+    if byzantine is not None:
+        byzantine.check_clients(cfg.partition.num_clients)
+    if cfg.server.min_clients > cfg.partition.num_clients:
+        raise ConfigError(
+            f"server.min_clients={cfg.server.min_clients} exceeds the run's "
+            f"{cfg.partition.num_clients} clients: no round could ever be aggregated"
+        )
     parse_audit(cfg.audit)
     return method_names(cfg)
 
@@ -356,6 +363,14 @@ def build_method(cfg: ExperimentConfig, name: str, run: RunContext) -> Method:
     from osfl.robustness import apply_byzantine
 
     cls = METHODS.get(name)
+    rule = cfg.server.aggregator
+    if rule != "mean" and not cls.card.server_rule:
+        raise ConfigError(
+            f"server.aggregator={rule!r} is a rule for combining clients' model weights, and "
+            f"{name} does not combine weights with it; run {name} with server.aggregator=mean "
+            "(its own defences, e.g. server.member_filter for an ensemble or "
+            "method.fafi.fusion=median: docs/robustness.md)"
+        )
     method = cls(method_config(cls, cfg.method.get(name, {})), run)
     return apply_byzantine(apply_defense(method, cfg.defense), cfg.byzantine)
 

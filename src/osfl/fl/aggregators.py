@@ -14,8 +14,10 @@ raising on states that passed validation:
 - ``krum`` and ``multi_krum``: the update closest to its n − f − 2 nearest
   neighbours, or the mean of the m best by that score (Blanchard et al.,
   "Machine Learning with Adversaries: Byzantine Tolerant Gradient Descent",
-  NeurIPS 2017, §4). Needs n > 2f + 2 clients in the round; with fewer it
-  falls back to the median (logged).
+  NeurIPS 2017, §4). Its guarantee needs n > 2f + 2; the rule always runs on
+  the uploads that arrived, with f capped to the most those survivors allow
+  (logged), never switched for another rule: a refused upload must not
+  change what the server does with the rest.
 - ``norm_clip``: each update (state − reference) clipped to L2 norm τ
   (``clip_norm``; default the round's median update norm), then the weighted
   mean (Sun et al., "Can You Really Backdoor Federated Learning?", 2019, §4).
@@ -149,26 +151,43 @@ def krum_scores(updates: torch.Tensor, f: int) -> torch.Tensor:
     return nearest[:, 1 : k + 1].sum(dim=1)  # column 0 is the distance to itself
 
 
-def _krum_select(states, weights, reference, params, m: int) -> StateDict:
-    n, f = len(states), params.byzantine
-    if n <= 2 * f + 2:
-        log.warning("krum: %d clients in the round, needs more than 2f+2 = %d; median", n, 2 * f + 2)
-        return _median(states, weights, reference, params)
+def krum_tolerance(n: int, f: int) -> int:
+    """The Byzantine count Krum assumes among ``n`` uploads: ``f``, capped to
+    the largest value with n > 2f + 2 (its guarantee's condition), logged
+    when capped."""
+    most = max(0, (n - 3) // 2)
+    if f > most:
+        log.warning(
+            "krum: %d upload(s) in the round allow at most f=%d Byzantine (n > 2f + 2); "
+            "scoring with f=%d instead of server.byzantine=%d",
+            n,
+            most,
+            most,
+            f,
+        )
+    return min(f, most)
+
+
+def _krum_select(states, weights, reference, f: int, m: int) -> StateDict:
     _, updates = _updates(states, reference)
-    chosen = torch.argsort(krum_scores(updates, f))[:m].tolist()
-    log.debug("krum: kept clients at positions %s of %d", chosen, n)
+    # a stable sort: equal scores keep the clients' order (deterministic ties)
+    chosen = torch.argsort(krum_scores(updates, f), stable=True)[:m].tolist()
+    log.debug("krum: kept clients at positions %s of %d", chosen, len(states))
     return weighted_mean([states[i] for i in chosen], [weights[i] for i in chosen])
 
 
 @AGGREGATORS.register("krum")
 def _krum(states, weights, reference, params) -> StateDict:
-    return _krum_select(states, weights, reference, params, 1)
+    f = krum_tolerance(len(states), params.byzantine)
+    return _krum_select(states, weights, reference, f, 1)
 
 
 @AGGREGATORS.register("multi_krum")
 def _multi_krum(states, weights, reference, params) -> StateDict:
-    m = params.krum_select or max(1, len(states) - params.byzantine)
-    return _krum_select(states, weights, reference, params, m)
+    n = len(states)
+    f = krum_tolerance(n, params.byzantine)
+    m = min(n, params.krum_select) if params.krum_select else max(1, n - f)
+    return _krum_select(states, weights, reference, f, m)
 
 
 @AGGREGATORS.register("norm_clip")

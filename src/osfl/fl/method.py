@@ -81,7 +81,10 @@ class MethodCard:
     by ``default_order``. ``smoke``: dotted experiment overrides that run the
     method in seconds on the tiny digits task (fewer server epochs, a ViT where
     it needs one); the registry-wide contract test runs every method with them,
-    so a new method is tested without writing a test."""
+    so a new method is tested without writing a test. ``server_rule``: its
+    ``aggregate`` combines the clients' weights with ``server.aggregator``
+    (the mean or a Byzantine-robust rule); a robust rule is refused for a
+    method that does not, rather than named in its record and ignored."""
 
     regime: str = "scratch"
     uploads: str = "weights"
@@ -89,6 +92,7 @@ class MethodCard:
     default_run: bool = False
     default_order: int = 100
     smoke: tuple[str, ...] = ()
+    server_rule: bool = False
 
 
 class Method(ABC):

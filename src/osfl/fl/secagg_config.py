@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from osfl import jsonio
 from osfl.errors import ConfigError, UploadError
 from osfl.fl.server_config import ServerConfig
 from osfl.fl.upload import Upload, UploadSpec
@@ -245,7 +246,7 @@ class QuantizationPlan:
         """The plan a client received; anything malformed is an UploadError
         (the client drops out rather than quantise with a broken plan)."""
         try:
-            raw = json.loads(str(text))
+            raw = jsonio.loads(str(text), max_depth=4, max_chars=1 << 20)
             plan = cls(
                 weighting=str(raw["weighting"]),
                 clients=int(raw["clients"]),

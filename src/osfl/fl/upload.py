@@ -21,10 +21,15 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from osfl import jsonio
 from osfl.errors import UploadError
 
 #: The safetensors header key that carries a message's JSON metadata.
 META_KEY = "osfl_meta"
+#: Bounds on a received message's metadata JSON (a peer's text): osfl's own
+#: metadata nests three levels and holds a few counts per class.
+MAX_META_DEPTH = 16
+MAX_META_CHARS = 1 << 20
 
 
 @dataclass
@@ -49,14 +54,14 @@ class Message:
         try:
             tensors = st_load(bytes(data))
             header_len = int.from_bytes(data[:8], "little")
-            header = json.loads(data[8 : 8 + header_len])
+            header = jsonio.loads(data[8 : 8 + header_len], max_depth=MAX_META_DEPTH)
             meta_raw = (header.get("__metadata__") or {}).get(META_KEY, "{}")
         except Exception as e:  # safetensors raises several error types
             raise UploadError(
                 f"not a valid safetensors message: {e}", client=client, field="*"
             ) from e
         try:
-            meta = json.loads(meta_raw)
+            meta = jsonio.loads(meta_raw, max_depth=MAX_META_DEPTH, max_chars=MAX_META_CHARS)
         except (TypeError, ValueError) as e:
             raise UploadError(f"metadata is not JSON: {e}", client=client, field="meta") from e
         if not isinstance(meta, dict):

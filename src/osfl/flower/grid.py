@@ -21,13 +21,13 @@ from typing import Any
 from flwr.app import Context, Message
 from flwr.serverapp import Grid, ServerApp
 
-from osfl.errors import ConfigError, DataError, OsflError, UploadError
+from osfl.errors import ConfigError, OsflError, UploadError
 from osfl.fl.context import ClientState
 from osfl.fl.observers import Observer
 from osfl.fl.progress import ProgressTask
 from osfl.fl.runtime.base import Job, RunResult
 from osfl.fl.runtime.client import ClientTurn
-from osfl.fl.runtime.rounds import ClientTransport, RoundLoop
+from osfl.fl.runtime.rounds import ClientTransport, RoundLoop, refusal
 from osfl.fl.runtime.sites import SiteScore
 from osfl.flower.client import ERROR_CLIENT_FAILED
 from osfl.flower.records import (
@@ -90,7 +90,11 @@ def discover_clients(grid: Grid, job: Job, digest: str, timeout: float) -> dict[
         if reply.has_error():  # the node's osfl refused the job: a misconfigured site
             problems.append(f"node {node}: {reply.error.reason}")
             continue
-        cid, theirs = read_whoami(reply.content)
+        try:
+            cid, theirs = read_whoami(reply.content)
+        except Exception as e:  # a malformed answer: that node cannot be used
+            problems.append(f"node {node}: {type(e).__name__}: {e}")
+            continue
         if theirs != digest:
             problems.append(f"node {node} (partition-id {cid}) built job {theirs}, not {digest}")
         elif cid in mapping:
@@ -169,8 +173,8 @@ class GridTransport(ClientTransport):
             try:
                 env = reply_payload(reply, c, round, self.digest, self.timeout)
                 turns[c] = ClientTurn(upload=env.payload, state=None, warnings=env.notes)
-            except UploadError as e:
-                turns[c] = ClientTurn(upload=None, state=None, failure=str(e))
+            except Exception as e:  # whatever a malformed reply trips: this client sent nothing
+                turns[c] = ClientTurn(upload=None, state=None, failure=refusal(c, e))
             task.advance()
         return turns
 
@@ -209,8 +213,8 @@ class GridTransport(ClientTransport):
                 if (who, job) != (c, self.digest):
                     raise UploadError(f"reply is for client {who}, job {job}", client=c)
                 scores[c] = SiteScore.from_meta(score, self.num_classes, c)
-            except (UploadError, DataError) as e:
-                failures[c] = str(e)
+            except Exception as e:  # a malformed score is that site's failure only
+                failures[c] = refusal(c, e)
         return scores, failures
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
+from osfl import jsonio
 from osfl.errors import UploadError
 
 PAYLOAD_RECORD = "osfl.payload"
@@ -126,8 +127,8 @@ def _notes(raw: Any, client: int | str | None) -> tuple[str, ...]:
     if raw is None:
         return ()
     try:
-        notes = json.loads(str(raw))
-    except json.JSONDecodeError as e:
+        notes = jsonio.loads(str(raw), max_depth=2, max_chars=20 * 600)
+    except ValueError as e:
         raise UploadError(f"{META_RECORD}.notes is not JSON: {e}", client=client) from e
     if not isinstance(notes, list) or len(notes) > 20 or not all(isinstance(n, str) for n in notes):
         raise UploadError(
@@ -150,8 +151,8 @@ def read_whoami_query(content: RecordDict) -> tuple[str, dict[str, Any]]:
     if rec is None or not isinstance(rec.get("job"), str):
         raise UploadError(f"discovery query lacks {QUERY_RECORD}.job")
     try:
-        parts = json.loads(str(rec.get("parts", "{}")))
-    except json.JSONDecodeError as e:
+        parts = jsonio.loads(str(rec.get("parts", "{}")))
+    except ValueError as e:
         raise UploadError(f"discovery query: {QUERY_RECORD}.parts is not JSON: {e}") from e
     return str(rec["job"]), parts if isinstance(parts, dict) else {}
 
@@ -205,8 +206,8 @@ def read_score(content: RecordDict, *, client: int) -> tuple[int, str, dict[str,
     if not isinstance(raw, str) or len(raw) > 1_000_000:
         raise UploadError(f"{SCORE_RECORD}.score must be a JSON string", client=client)
     try:
-        score = json.loads(raw)
-    except json.JSONDecodeError as e:
+        score = jsonio.loads(raw)
+    except ValueError as e:
         raise UploadError(f"{SCORE_RECORD}.score is not JSON: {e}", client=client) from e
     if not isinstance(score, dict):
         raise UploadError(f"{SCORE_RECORD}.score must be a JSON object", client=client)

@@ -34,7 +34,6 @@ it cannot validate or screen values (``docs/secure-aggregation.md``).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
@@ -60,6 +59,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
 from flwr.supercore.run import Run
 
+from osfl import jsonio
 from osfl.errors import ConfigError, UploadError
 from osfl.fl.context import ClientState
 from osfl.fl.method import secure_weighting_of
@@ -304,8 +304,9 @@ def vector_problem(
         if tuple(a.shape) != shape or a.dtype.kind not in "iu":
             return f"a masked array is {a.dtype}{a.shape}, expected integers of {shape}", 0, ()
     try:
-        notes = tuple(str(x)[:500] for x in json.loads(str(m.get(SecureKey.NOTES, "[]"))))[:20]
-    except (json.JSONDecodeError, TypeError):
+        raw_notes = jsonio.loads(str(m.get(SecureKey.NOTES, "[]")), max_depth=2, max_chars=12_000)
+        notes = tuple(str(x)[:500] for x in raw_notes)[:20]
+    except (ValueError, TypeError):
         notes = ()
     return None, n, notes
 

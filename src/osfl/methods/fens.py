@@ -177,6 +177,7 @@ class FENS(Method, MultiRound, KeepsClientState, SharedTrainingStep):
     Config: ClassVar[type] = FENSConfig
     card: ClassVar[MethodCard] = MethodCard(
         one_shot=False,
+        server_rule=True,  # the aggregator's FL rounds
         smoke=(
             "data.max_per_class=60",
             "partition.alpha=0.1",

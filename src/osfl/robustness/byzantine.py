@@ -19,25 +19,39 @@ honest, as a careful attacker would (``bn_var`` is the one that does not).
 ``random``      ``broadcast + N(0, σ²)`` with the honest update's norm (noise)
 ==============  ==============================================================
 
+The faults below are what a fuzzer of the receive path finds: bytes no honest
+serialiser writes, crafted by hand (:class:`CraftedUpload`). Each must end as
+that client's refusal, the round going on with the others.
+
+================  ============================================================
+``nested_meta``   the honest upload with its metadata nested 1,000 levels deep
+                  (about 2 KB; ``json.loads`` would recurse past Python's limit)
+``oversize``      the honest upload padded past any size limit the server sets
+``garbage``       random bytes the upload's length (not a safetensors message)
+``truncated``     the honest upload cut in half
+================  ============================================================
+
 The wrapper (:class:`ByzantineMethod`) is covert: the method's public
 hyper-parameters do not change; the run's record says who was poisoned.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from safetensors.torch import save as st_save
 
 from osfl.config import options_config
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext
 from osfl.fl.method import Method, MethodWrapper
-from osfl.fl.upload import Broadcast, Upload
+from osfl.fl.upload import META_KEY, Broadcast, Upload
 from osfl.registry import Registry
 
 Tensors = dict[str, torch.Tensor]
@@ -56,10 +70,21 @@ class ByzantineConfig:
 
     def __post_init__(self) -> None:
         POISONS.get(self.kind)  # unknown name -> ConfigError listing the valid ones
-        if not all(isinstance(c, int) and c >= 0 for c in self.clients):
+        if not all(type(c) is int and c >= 0 for c in self.clients):
             raise ConfigError(f"byzantine.clients must be client ids >= 0, got {self.clients}")
-        if not math.isfinite(self.scale):
-            raise ConfigError(f"byzantine.scale must be finite, got {self.scale}")
+        if len(set(self.clients)) != len(self.clients):
+            raise ConfigError(f"byzantine.clients names a client twice: {self.clients}")
+        if not (isinstance(self.scale, int | float) and math.isfinite(self.scale)):
+            raise ConfigError(f"byzantine.scale must be a finite number, got {self.scale!r}")
+
+    def check_clients(self, num_clients: int) -> None:
+        """Every named client exists (a typo would run with no attacker)."""
+        outside = [c for c in self.clients if c >= num_clients]
+        if outside:
+            raise ConfigError(
+                f"byzantine.clients {outside} do not exist: the run has {num_clients} clients "
+                f"(ids 0..{num_clients - 1})"
+            )
 
 
 #: BatchNorm statistics a careful attacker leaves honest (a negative variance is refused).
@@ -161,6 +186,50 @@ def _random(upload, broadcast, cfg, gen) -> Upload:
     return _with(upload, out)
 
 
+@dataclass
+class CraftedUpload(Upload):
+    """An upload that is already its bytes on the wire: what a hostile client
+    writes by hand, which no honest serialiser produces."""
+
+    raw: bytes = b""
+
+    def to_bytes(self) -> bytes:
+        return self.raw
+
+
+def _nested(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@POISONS.register("nested_meta")
+def _nested_meta(upload, broadcast, cfg, gen) -> Upload:
+    meta = json.dumps(upload.meta, sort_keys=True)[:-1] + f', "z": {_nested(1000)}}}'
+    if not upload.meta:
+        meta = f'{{"z": {_nested(1000)}}}'
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in upload.tensors.items()}
+    return CraftedUpload(raw=st_save(tensors, metadata={META_KEY: meta}))
+
+
+@POISONS.register("oversize")
+def _oversize(upload, broadcast, cfg, gen) -> Upload:
+    honest = upload.to_bytes()
+    pad = torch.zeros(max(1 << 20, 2 * len(honest)) // 4, dtype=torch.float32)
+    return Upload(tensors={**upload.tensors, "padding": pad}, meta=dict(upload.meta))
+
+
+@POISONS.register("garbage")
+def _garbage(upload, broadcast, cfg, gen) -> Upload:
+    n = len(upload.to_bytes())
+    noise = torch.randint(0, 256, (n,), generator=gen, dtype=torch.uint8)
+    return CraftedUpload(raw=bytes(noise.numpy()))
+
+
+@POISONS.register("truncated")
+def _truncated(upload, broadcast, cfg, gen) -> Upload:
+    honest = upload.to_bytes()
+    return CraftedUpload(raw=honest[: max(8, len(honest) // 2)])
+
+
 class ByzantineMethod(MethodWrapper):
     """``inner`` whose clients in ``config.clients`` send ``config.kind`` poison
     instead of their honest upload (everything else is the inner method's)."""
@@ -186,8 +255,21 @@ def byzantine_config(spec: Mapping[str, Any] | ByzantineConfig | None) -> Byzant
         return None
     opts = dict(spec)
     if "clients" in opts:
-        opts["clients"] = [int(c) for c in opts["clients"]]
+        opts["clients"] = _client_ids(opts["clients"])
     return options_config(ByzantineConfig, opts, "byzantine")
+
+
+def _client_ids(raw: Any) -> list[int]:
+    """``byzantine.clients`` as ints (YAML may give strings of digits)."""
+    items = raw if isinstance(raw, list | tuple) else [raw]
+    out = []
+    for c in items:
+        if isinstance(c, bool) or not (isinstance(c, int) or (isinstance(c, str) and c.isdigit())):
+            raise ConfigError(
+                f"byzantine.clients must list client ids (integers >= 0), got {list(items)}"
+            )
+        out.append(int(c))
+    return out
 
 
 def apply_byzantine(method: Method, spec: Mapping[str, Any] | ByzantineConfig | None) -> Method:

@@ -179,6 +179,16 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def refusal(client: int, error: Exception) -> str:
+    """Why client ``client``'s upload was refused: an :class:`UploadError`'s
+    own words, or what else went wrong while decoding, validating or
+    screening it (a hostile upload may trip any of them; it is still only
+    that client's refusal, never the round's end)."""
+    if isinstance(error, UploadError):
+        return str(error)
+    return f"[client {client}, field '*'] {type(error).__name__} while checking it: {error}"
+
+
 class Inbox:
     """The server's receiving side of one job: the spec each client's upload
     must meet and the one path every individual upload takes in; what the
@@ -242,10 +252,10 @@ class Inbox:
                 continue
             try:
                 upload = self.accept(state, r, c, raw)
-            except UploadError as e:
-                got.refused[c] = str(e)
+            except Exception as e:  # anything one client's bytes cause is its refusal
+                got.refused[c] = refusal(c, e)
                 got.bytes_refused += len(raw)
-                log.warning("round %d: upload refused: %s", r, e)
+                log.warning("round %d: upload refused: %s", r, got.refused[c])
                 continue
             got.bytes_up[c] = len(raw)
             self.obs.on_upload(r, c, upload, len(raw), truth=self.truth_of(c, turn))

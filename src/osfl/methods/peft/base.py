@@ -156,6 +156,7 @@ class PEFTMethod(FedAvg, Reporting):
     """
     card: ClassVar[MethodCard] = dataclasses.replace(
         FedAvg.card,
+        server_rule=False,  # each tensor averaged over its holders (holder_average)
         regime="pretrained",
         one_shot=False,
         default_run=False,
