@@ -91,6 +91,10 @@ class Method(ABC):
     regime: ClassVar[str] = "scratch"
     #: What its clients send (a key of :data:`UPLOAD_KINDS`).
     uploads: ClassVar[str] = "weights"
+    #: The method's own local-training defaults over the run's ``train`` (e.g.
+    #: ``fafi_code``'s gradient clipping); ``method_train.<name>`` overrides them.
+    #: The assembly resolves the recipe once; a method reads ``self.run.train``.
+    train_defaults: ClassVar[Mapping[str, Any]] = {}
 
     def __init__(self, config: Any, run: RunContext):
         self.config = config

@@ -23,7 +23,6 @@ that they all end in the same feature dimension.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -46,7 +45,6 @@ from osfl.fl.client_training import train_client
 from osfl.fl.context import ClientContext, ModelSpec
 from osfl.fl.method import Method, Predictor, register_method
 from osfl.fl.seeds import derive_seed
-from osfl.fl.train_config import TrainConfig
 from osfl.fl.training import init_model
 from osfl.fl.upload import (
     NUM_SAMPLES,
@@ -118,9 +116,6 @@ class FAFIConfig:
     noise_std: float = 1.0
     noise_samples: int = 1
     normalize_features: bool = False
-    local_epochs: int | None = None
-    lr: float | None = None
-    grad_clip: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "crop_scale", tuple(float(v) for v in self.crop_scale))
@@ -130,7 +125,7 @@ class FAFIConfig:
                 raise ConfigError(f"method.fafi: {msg}")
 
         need(self.tau > 0, f"tau must be > 0, got {self.tau}")
-        for name in ("ssl_tau", "proto_tau", "grad_clip"):
+        for name in ("ssl_tau", "proto_tau"):
             value = getattr(self, name)
             need(value is None or value > 0, f"{name} must be > 0 or null, got {value}")
         need(
@@ -181,16 +176,11 @@ class FAFIConfig:
             self.feature_dim is None or self.feature_dim >= 1,
             f"feature_dim must be >= 1 or null, got {self.feature_dim}",
         )
-        need(
-            self.local_epochs is None or self.local_epochs >= 1,
-            f"local_epochs must be >= 1 or null, got {self.local_epochs}",
-        )
         need(self.proto_init_std > 0, f"proto_init_std must be > 0, got {self.proto_init_std}")
         need(
             self.proto_update in PROTO_UPDATES,
             f"proto_update must be one of {', '.join(PROTO_UPDATES)}, got {self.proto_update!r}",
         )
-        need(self.lr is None or self.lr > 0, f"lr must be > 0 or null, got {self.lr}")
         PIPELINES.get(self.augment)  # unknown pipeline -> ConfigError listing the valid ones
         NoiseSpec(self.noise_mean, self.noise_std, self.noise_samples)  # validates the noise
 
@@ -337,16 +327,6 @@ class FAFI(Method):
         tensors = {f"{arch}/{k}": v for arch, sd in state["init"].items() for k, v in sd.items()}
         return Broadcast(tensors=tensors)
 
-    def local_config(self) -> TrainConfig:
-        cfg = self.run.train
-        if self.config.local_epochs is not None:
-            cfg = dataclasses.replace(cfg, epochs=self.config.local_epochs, steps=None)
-        if self.config.lr is not None:
-            cfg = dataclasses.replace(cfg, lr=self.config.lr)
-        if self.config.grad_clip is not None:
-            cfg = dataclasses.replace(cfg, grad_clip=self.config.grad_clip)
-        return cfg
-
     def salt_transform(self, data: ImageSet) -> Transform:
         """Two views of the ``augment`` pipeline at the evaluation resolution,
         normalised with the run's evaluation statistics."""
@@ -361,7 +341,7 @@ class FAFI(Method):
         return TwoViews(base)
 
     def train_net(self, ctx: ClientContext, net: FAFINet, data: ImageSet, arch: str) -> FAFINet:
-        cfg = self.local_config()
+        cfg = self.run.train
         if self.config.plain_ce and net.head is None:
             # The plain model: same cache entry as FedAvg / Ensemble clients.
             train_client(ctx, data, model=net.backbone, cfg=cfg, extra_key=self._arch_key(arch))
@@ -524,7 +504,6 @@ class FAFI(Method):
 
     def public_hparams(self) -> dict[str, Any]:
         hp = super().public_hparams()
-        hp["train"] = dataclasses.asdict(self.local_config())
         hp["fl"] = public_fl_hparams(self.name, self.config)
         return hp
 
@@ -543,10 +522,11 @@ class FAFICodeConfig(FAFIConfig):
       quantity), hence ``proto_weight=2``;
     * prototype self-separation ``CE(P·Pᵀ, 0..C-1)`` on the raw prototypes
       (``Contrastive_proto_loss(temperature=1.0)``);
-    * gradient-norm clipping at 1;
     * inference: the data-size-weighted mean of the client features
       (``WEnsembleFeature``), normalised, dot product with the raw mean
-      prototypes (``eval_with_proto``) — IFFI's noise weighting is not run.
+      prototypes (``eval_with_proto``) — IFFI's noise weighting is not run;
+    * its gradient-norm clipping at 1 is a local-training default of the
+      method ``fafi_code`` (``train_defaults``), not an option here.
     """
 
     ssl_denominator: str = "all"
@@ -556,7 +536,6 @@ class FAFICodeConfig(FAFIConfig):
     proto_tau: float | None = 1.0
     proto_similarity: str = "unit_feature"
     sep_weight: float = 1.0
-    grad_clip: float | None = 1.0
     fusion: str = "data_size"
     scoring: str = "unit_feature"
 
@@ -564,9 +543,11 @@ class FAFICodeConfig(FAFIConfig):
 @register_method("fafi_code")
 class FAFICode(FAFI):
     """FAFI with the public code's recipe as defaults (docs/design.md §8: the code
-    variant kept where it matters for published numbers)."""
+    variant kept where it matters for published numbers), its gradient-norm
+    clipping at 1 included, as a local-training default."""
 
     Config: ClassVar[type] = FAFICodeConfig
+    train_defaults: ClassVar[Mapping[str, Any]] = {"grad_clip": 1.0}
     smoke: ClassVar[tuple[str, ...]] = ("method.fafi_code.augment=flip",)
     default_run: ClassVar[bool] = False
     default_order: ClassVar[int] = 21

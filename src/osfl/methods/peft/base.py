@@ -269,7 +269,7 @@ class PEFTMethod(FedAvg):
         train_local(
             view,
             data,
-            self.local_config(),
+            self.run.train,
             transform=self.run.train_transform,
             device=device,
             generator=ctx.generator,
