@@ -1,7 +1,7 @@
 """FAFI's options for the public code's recipe (``fafi_code``): raw-prototype scoring,
-separate temperatures, raw prototype separation, data-size fusion, gradient clipping and
-the crop scale (the clipping: a local-training default of ``fafi_code``). Values worked
-out by hand on tiny tensors; one tiny digits run."""
+separate temperatures, raw prototype separation, data-size fusion, gradient clipping (a
+local-training default of ``fafi_code``) and the crop scale. Values worked out by hand on
+tiny tensors; one tiny digits run."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def test_salt_loss_code_recipe_by_hand() -> None:
         net.prototypes.copy_(torch.randn(3, net.feature_dim))
     x, y = torch.randn(8, 1, 8, 8), torch.tensor([0, 1, 2, 0])
     cfg = FAFICodeConfig()
-    loss = cfg.salt_loss()(net, x, y)
+    loss = cfg.loss(net, x, y)
     f = net.features(x)
     yy = torch.cat([y, y])
     expect = (
@@ -123,16 +123,24 @@ def test_data_size_fusion_and_raw_scoring_by_hand() -> None:
 def test_code_variant_is_registered_with_the_codes_recipe() -> None:
     assert METHODS.get("fafi_code") is FAFICode and issubclass(FAFICode, FAFI)
     cfg = method_config(FAFICode, {})
-    assert (cfg.ssl_denominator, cfg.ssl_tau, cfg.proto_tau) == ("all", 0.07, 1.0)
-    assert (cfg.proto_similarity, cfg.proto_denominator, cfg.proto_weight) == (
+    loss = cfg.loss
+    assert (loss.ssl_denominator, loss.ssl_tau, loss.proto_tau) == ("all", 0.07, 1.0)
+    assert (loss.proto_similarity, loss.proto_denominator, loss.proto_weight) == (
         "unit_feature",
         "all",
         2.0,
     )
-    assert (cfg.sep_weight, cfg.fusion, cfg.scoring) == (1.0, "data_size", "unit_feature")
+    assert (loss.sep_weight, cfg.fusion, cfg.scoring) == (1.0, "data_size", "unit_feature")
     paper = method_config(FAFI, {})
-    assert (paper.proto_similarity, paper.fusion, paper.scoring) == ("cosine", "iffi", "cosine")
+    assert (paper.loss.proto_similarity, paper.fusion, paper.scoring) == (
+        "cosine",
+        "iffi",
+        "cosine",
+    )
     assert paper.crop_scale == cfg.crop_scale == (0.2, 1.0)
+    # one loss option changed keeps the code's other loss defaults
+    tau = method_config(FAFICode, {"loss": {"tau": 0.3}}).loss
+    assert tau == dataclasses.replace(loss, tau=0.3)
     # the code's gradient clipping is fafi_code's local-training default, not fafi's
     run_cfg = load_config(None, [])
     assert run_cfg.train.grad_clip is None
@@ -146,13 +154,16 @@ def test_code_variant_is_registered_with_the_codes_recipe() -> None:
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
-        ({"proto_similarity": "unit_feature"}, "needs proto_denominator='all'"),
-        ({"proto_similarity": "l1", "proto_denominator": "all"}, "proto_similarity must be"),
+        ({"loss": {"proto_similarity": "unit_feature"}}, "needs proto_denominator='all'"),
+        (
+            {"loss": {"proto_similarity": "l1", "proto_denominator": "all"}},
+            "proto_similarity must be",
+        ),
         ({"scoring": "dot"}, "scoring must be one of"),
         ({"fusion": "max"}, "fusion must be one of"),
         ({"crop_scale": [0.5, 0.2]}, "crop_scale"),
         ({"crop_scale": [0.0, 1.0]}, "crop_scale"),
-        ({"ssl_tau": 0.0}, "ssl_tau must be > 0"),
+        ({"loss": {"ssl_tau": 0.0}}, "ssl_tau must be > 0"),
         ({"grad_clip": -1.0}, r"write method_train\.fafi\.grad_clip="),
     ],
 )

@@ -129,6 +129,8 @@ def test_every_config_trains_with_its_old_recipe():
         ("method.scaffold.local_epochs=2", "method_train.scaffold.epochs"),
         ("method.eftvit.local_epochs=2", "method_train.eftvit.epochs"),
         ("method.fusefl.epochs_per_step=5", "method_train.fusefl.epochs"),
+        ("method.fafi.tau=0.3", "method.fafi.loss.tau"),
+        ("method.fafi.noise_std=5", "method.fafi.noise.std"),
     ],
 )
 def test_an_old_key_is_refused_naming_the_new_one(override, new_key, capsys, tmp_path, monkeypatch):
