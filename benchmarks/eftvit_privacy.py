@@ -203,7 +203,7 @@ def main() -> None:
         }
         save_figure(args.figure, held[:8], rows, vit.num_patches, to_input)
 
-    epochs = method.local_config().epochs
+    epochs = method.run.train.epochs
     exposure = {
         c: histogram_exposure(d.class_counts(), epochs, method.config.threshold_quantile)
         for c, d in enumerate(own)

@@ -112,7 +112,7 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
 
     import osfl.methods  # noqa: F401
-    from osfl.assembly import build_federation, build_run, load_splits
+    from osfl.assembly import build_federation, build_run, load_splits, method_run
     from osfl.config import load_config, method_config
     from osfl.fl.evaluate import evaluate
     from osfl.fl.method import METHODS
@@ -128,7 +128,7 @@ def main() -> None:
     seeds = args.seeds if args.seeds is not None else list(cfg.seeds)
     for seed in seeds:
         fed = build_federation(cfg, splits.train, seed)
-        run = build_run(cfg, splits, fed, seed)
+        run = method_run(cfg, args.method, build_run(cfg, splits, fed, seed))  # its recipe
         method = cls(base, run)
         state = run_simulation(method, run, splits.train, fed, threads_per_client=1).state
         test, tf = splits.test, run.eval_transform

@@ -108,7 +108,7 @@ def test_sweep_over_alpha(tmp_path, capsys):
     [
         (["run", "bogus=1"], "valid keys at top level"),
         (["run", "methods=[nope]"], "unknown method 'nope'"),
-        (["run", "method.fedavg.round=2"], "valid: client_fraction, local_epochs, rounds"),
+        (["run", "method.fedavg.round=2"], "valid: client_fraction, rounds, weighting"),
         (["run", "missing.yaml"], "not found"),
         (["run", "a.yaml", "b.yaml"], "two config files"),
         (["run", "--sweep", "alpha"], "key=v1,v2"),

@@ -11,6 +11,7 @@ from torch import nn
 from osfl.errors import ConfigError
 from osfl.methods.fafi.fusion import (
     IFFIPredictor,
+    NoiseSpec,
     draw_noise,
     fuse,
     global_prototypes,
@@ -120,10 +121,12 @@ def test_noise_is_seeded_and_parametrised() -> None:
     b1 = draw_noise((3, 8, 8), samples=2, seed=5)
     b2 = draw_noise((3, 8, 8), samples=2, seed=5)
     assert torch.equal(b1, b2) and not torch.equal(b1, draw_noise((3, 8, 8), samples=2, seed=6))
-    with pytest.raises(ConfigError, match="noise_samples"):
+    with pytest.raises(ConfigError, match=r"noise\.samples"):
         draw_noise((1, 2, 2), samples=0, seed=0)
-    with pytest.raises(ConfigError, match="noise_std"):
+    with pytest.raises(ConfigError, match=r"noise\.std"):
         draw_noise((1, 2, 2), std=-1.0, seed=0)
+    with pytest.raises(ValueError, match="seed is unset"):  # FAFI gives the run's own seed
+        NoiseSpec(samples=1).draw((1, 2, 2))
 
 
 def test_bad_construction_is_refused() -> None:

@@ -18,12 +18,17 @@ from osfl.fl.evaluate import evaluate
 from osfl.fl.method import METHODS
 from osfl.fl.runtime.simulation import run_simulation
 from osfl.fl.upload import Upload, validate
-from osfl.methods.fafi import FAFI, FAFIConfig, FAFINet, IFFIPredictor, SaltLoss, TwoViews
-from osfl.methods.fafi.method import (
-    class_mean_prototypes,
-    find_normalize,
-    masked_mean_prototypes,
+from osfl.methods.fafi import (
+    FAFI,
+    FAFIConfig,
+    FAFINet,
+    IFFIPredictor,
+    NoiseSpec,
+    SaltLoss,
+    TwoViews,
 )
+from osfl.methods.fafi.inference import masked_mean_prototypes
+from osfl.methods.fafi.local import class_mean_prototypes, find_normalize
 from osfl.methods.fedavg import FedAvg, FedAvgConfig
 from osfl.models import create_model
 
@@ -63,34 +68,37 @@ def make_ctx(tiny_data, tmp_path):
 
 
 def simulate(method: Any, ctx: SeedContext) -> Any:
-    return run_simulation(
-        method, ctx.run, ctx.splits.train, ctx.federation, threads_per_client=1
-    )
+    return run_simulation(method, ctx.run, ctx.splits.train, ctx.federation, threads_per_client=1)
 
 
 # --------------------------------------------------------------------------- config
 def test_registered_with_paper_defaults() -> None:
     assert METHODS.get("fafi") is FAFI
     cfg = method_config(FAFI, {})
-    assert (cfg.tau, cfg.noise_mean, cfg.noise_std) == (0.5, 0.0, 1.0)  # Appendix E
-    assert (cfg.ssl_weight, cfg.proto_weight, cfg.ce_weight, cfg.sep_weight) == (1, 1, 0, 0)
-    assert cfg.fusion == "iffi" and cfg.prototype_kind == "learned" and not cfg.plain_ce
+    assert (cfg.loss.tau, cfg.noise.mean, cfg.noise.std) == (0.5, 0.0, 1.0)  # Appendix E
+    loss = cfg.loss
+    assert (loss.ssl_weight, loss.proto_weight, loss.ce_weight, loss.sep_weight) == (1, 1, 0, 0)
+    assert cfg.fusion == "iffi" and cfg.prototype_kind == "learned" and not loss.plain_ce
 
 
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
-        ({"tau": 0}, "tau must be > 0"),
+        ({"loss": {"tau": 0}}, "method.fafi: loss: tau must be > 0"),
         ({"fusion": "max"}, "fusion must be one of"),
-        ({"ssl_weight": 0, "proto_weight": 0}, "at least one of"),
-        ({"proto_weight": 0, "prototypes": "learned"}, "needs proto_weight > 0"),
-        ({"prototypes": "head"}, "needs ce_weight > 0"),
-        ({"ssl_denominator": "some"}, "ssl_denominator must be one of"),
+        ({"loss": {"ssl_weight": 0, "proto_weight": 0}}, "at least one of"),
+        (
+            {"loss": {"proto_weight": 0}, "prototypes": "learned"},
+            r"needs loss\.proto_weight > 0",
+        ),
+        ({"prototypes": "head"}, r"needs loss\.ce_weight > 0"),
+        ({"loss": {"ssl_denominator": "some"}}, "ssl_denominator must be one of"),
         ({"augment": "nope"}, "unknown transform pipeline"),
-        ({"noise_std": -1.0}, "noise_std"),
-        ({"noise_samples": 0}, "noise_samples"),
+        ({"noise": {"std": -1.0}}, r"noise\.std"),
+        ({"noise": {"samples": 0}}, r"noise\.samples"),
         ({"feature_dim": 0}, "feature_dim"),
         ({"bogus": 1}, "unknown option"),
+        ({"loss": {"bogus": 1}}, r"unknown option 'bogus' in method\.fafi\.loss"),
     ],
 )
 def test_bad_options_are_refused(overrides: dict[str, Any], words: str) -> None:
@@ -99,9 +107,26 @@ def test_bad_options_are_refused(overrides: dict[str, Any], words: str) -> None:
 
 
 def test_prototype_kind_resolution() -> None:
-    assert FAFIConfig(proto_weight=0).prototype_kind == "class_mean"
-    assert FAFIConfig(proto_weight=0, ssl_weight=0, ce_weight=1).prototype_kind == "head"
-    assert FAFIConfig(proto_weight=0, ssl_weight=0, ce_weight=1).plain_ce
+    assert FAFIConfig(loss=SaltLoss(proto_weight=0)).prototype_kind == "class_mean"
+    plain = FAFIConfig(loss=SaltLoss(proto_weight=0, ssl_weight=0, ce_weight=1))
+    assert plain.prototype_kind == "head" and plain.loss.plain_ce
+
+
+@pytest.mark.parametrize(
+    ("flat", "nested"),
+    [
+        ("tau", "loss.tau"),
+        ("ssl_weight", "loss.ssl_weight"),
+        ("proto_similarity", "loss.proto_similarity"),
+        ("noise_std", "noise.std"),
+        ("noise_samples", "noise.samples"),
+    ],
+)
+def test_a_flat_key_of_a_nested_option_names_the_dotted_key(flat: str, nested: str) -> None:
+    with pytest.raises(
+        ConfigError, match=rf"'{flat}' for method 'fafi': write method\.fafi\.{nested}="
+    ):
+        method_config(FAFI, {flat: 1})
 
 
 # --------------------------------------------------------------------------- client parts
@@ -213,7 +238,7 @@ def test_cache_objective_key_and_plain_ce_sharing(make_ctx) -> None:
     assert len(cache) == 6 and cache.hits == hits + 3
     # SALT off = the plain CE client = FedAvg's cache entry
     hits = cache.hits
-    plain = FAFIConfig(ssl_weight=0, proto_weight=0, ce_weight=1)
+    plain = FAFIConfig(loss=SaltLoss(ssl_weight=0, proto_weight=0, ce_weight=1))
     res = simulate(FAFI(plain, ctx.run), ctx)
     assert len(cache) == 6 and cache.hits == hits + 3
     # its prototypes are the classifier rows of the FedAvg client
@@ -231,7 +256,7 @@ def test_fusion_variants_share_clients(make_ctx) -> None:
         with torch.no_grad():
             out = pred(x)
         assert out.shape == (6, 10) and bool(torch.isfinite(out).all())
-    iffi = FAFI(FAFIConfig(noise_samples=2), ctx.run).predictor(state).eval()
+    iffi = FAFI(FAFIConfig(noise=NoiseSpec(samples=2)), ctx.run).predictor(state).eval()
     with torch.no_grad():
         iffi(x)
     assert iffi.noise.shape == (2, *x.shape[1:])  # drawn at the evaluation shape

@@ -1,6 +1,7 @@
 """FAFI's options for the public code's recipe (``fafi_code``): raw-prototype scoring,
-separate temperatures, raw prototype separation, data-size fusion, gradient clipping and
-the crop scale. Values worked out by hand on tiny tensors; one tiny digits run."""
+separate temperatures, raw prototype separation, data-size fusion, gradient clipping (a
+local-training default of ``fafi_code``) and the crop scale. Values worked out by hand on
+tiny tensors; one tiny digits run."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import osfl.methods  # noqa: F401  (registers the methods)
-from osfl.assembly import build_federation, build_run, load_splits
+from osfl.assembly import build_federation, build_run, load_splits, method_run, train_recipe
 from osfl.config import load_config, method_config
 from osfl.data.transforms import Compose, RandomResizedCrop, simclr_pipeline
 from osfl.errors import ConfigError
@@ -70,7 +71,7 @@ def test_salt_loss_code_recipe_by_hand() -> None:
         net.prototypes.copy_(torch.randn(3, net.feature_dim))
     x, y = torch.randn(8, 1, 8, 8), torch.tensor([0, 1, 2, 0])
     cfg = FAFICodeConfig()
-    loss = cfg.salt_loss()(net, x, y)
+    loss = cfg.loss(net, x, y)
     f = net.features(x)
     yy = torch.cat([y, y])
     expect = (
@@ -122,39 +123,48 @@ def test_data_size_fusion_and_raw_scoring_by_hand() -> None:
 def test_code_variant_is_registered_with_the_codes_recipe() -> None:
     assert METHODS.get("fafi_code") is FAFICode and issubclass(FAFICode, FAFI)
     cfg = method_config(FAFICode, {})
-    assert (cfg.ssl_denominator, cfg.ssl_tau, cfg.proto_tau) == ("all", 0.07, 1.0)
-    assert (cfg.proto_similarity, cfg.proto_denominator, cfg.proto_weight) == (
+    loss = cfg.loss
+    assert (loss.ssl_denominator, loss.ssl_tau, loss.proto_tau) == ("all", 0.07, 1.0)
+    assert (loss.proto_similarity, loss.proto_denominator, loss.proto_weight) == (
         "unit_feature",
         "all",
         2.0,
     )
-    assert (cfg.sep_weight, cfg.grad_clip, cfg.fusion, cfg.scoring) == (
-        1.0,
-        1.0,
-        "data_size",
-        "unit_feature",
-    )
+    assert (loss.sep_weight, cfg.fusion, cfg.scoring) == (1.0, "data_size", "unit_feature")
     paper = method_config(FAFI, {})
-    assert (paper.proto_similarity, paper.fusion, paper.scoring, paper.grad_clip) == (
+    assert (paper.loss.proto_similarity, paper.fusion, paper.scoring) == (
         "cosine",
         "iffi",
         "cosine",
-        None,
     )
     assert paper.crop_scale == cfg.crop_scale == (0.2, 1.0)
+    # one loss option changed keeps the code's other loss defaults
+    tau = method_config(FAFICode, {"loss": {"tau": 0.3}}).loss
+    assert tau == dataclasses.replace(loss, tau=0.3)
+    # the code's gradient clipping is fafi_code's local-training default, not fafi's
+    run_cfg = load_config(None, [])
+    assert run_cfg.train.grad_clip is None
+    assert train_recipe(run_cfg, "fafi_code") == (
+        dataclasses.replace(run_cfg.train, grad_clip=1.0),
+        {"grad_clip": "fafi_code default"},
+    )
+    assert train_recipe(run_cfg, "fafi") == (run_cfg.train, {})
 
 
 @pytest.mark.parametrize(
     ("overrides", "words"),
     [
-        ({"proto_similarity": "unit_feature"}, "needs proto_denominator='all'"),
-        ({"proto_similarity": "l1", "proto_denominator": "all"}, "proto_similarity must be"),
+        ({"loss": {"proto_similarity": "unit_feature"}}, "needs proto_denominator='all'"),
+        (
+            {"loss": {"proto_similarity": "l1", "proto_denominator": "all"}},
+            "proto_similarity must be",
+        ),
         ({"scoring": "dot"}, "scoring must be one of"),
         ({"fusion": "max"}, "fusion must be one of"),
         ({"crop_scale": [0.5, 0.2]}, "crop_scale"),
         ({"crop_scale": [0.0, 1.0]}, "crop_scale"),
-        ({"ssl_tau": 0.0}, "ssl_tau must be > 0"),
-        ({"grad_clip": -1.0}, "grad_clip must be > 0"),
+        ({"loss": {"ssl_tau": 0.0}}, "ssl_tau must be > 0"),
+        ({"grad_clip": -1.0}, r"write method_train\.fafi\.grad_clip="),
     ],
 )
 def test_bad_new_options_are_refused(overrides: dict, words: str) -> None:
@@ -194,10 +204,10 @@ def test_code_variant_on_digits_with_grad_clip_and_crop() -> None:
     )
     splits = load_splits(cfg)
     fed = build_federation(cfg, splits.train, 0)
-    run = build_run(cfg, splits, fed, 0)
+    base = build_run(cfg, splits, fed, 0)
+    run = method_run(cfg, "fafi_code", base)
+    assert run.train.grad_clip == 1.0 and method_run(cfg, "fafi", base).train.grad_clip is None
     method = FAFICode(FAFICodeConfig(augment="flip"), run)
-    assert method.local_config().grad_clip == 1.0
-    assert FAFI(FAFIConfig(), run).local_config().grad_clip is None
     res = run_simulation(method, run, splits.train, fed, threads_per_client=1)
     pred = method.predictor(res.state)
     assert isinstance(pred, IFFIPredictor) and pred.fusion == "data_size"

@@ -147,7 +147,6 @@ def test_fused_model_output_shape_and_upload_spec():
         ({"blocks": 1}, "blocks"),
         ({"adaptor": "mlp"}, "adaptor"),
         ({"classifier": "vote"}, "classifier"),
-        ({"epochs_per_step": 0}, "epochs_per_step"),
     ],
 )
 def test_bad_options_are_refused(bad, words):

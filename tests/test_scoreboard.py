@@ -67,6 +67,29 @@ def test_a_method_trained_with_another_recipe_is_its_own_row(tmp_path):
     assert [r["method"] for r in merged] == ["eftvit (train.lr=0.0003)", "eftvit (train.lr=1e-05)"]
 
 
+def test_a_recipe_is_one_row_whichever_layer_set_it(tmp_path):
+    """``train_sources`` says where a value came from; the variant is the recipe itself:
+    train.grad_clip=1 and fafi_code's own default of 1 are the same clients."""
+    train = {"lr": 0.05, "grad_clip": 1.0}
+    a = {**_record("fafi_code", 0, 0.5), "train": train, "train_sources": {}}
+    b = {
+        **_record("fafi_code", 1, 0.6),
+        "train": train,
+        "train_sources": {"grad_clip": "fafi_code default"},
+    }
+    c = {
+        **_record("fafi_code", 2, 0.7),
+        "train": {**train, "grad_clip": 0.5},
+        "train_sources": {"grad_clip": "method_train.fafi_code"},
+    }
+    merged = merge_runs([_run(tmp_path, "a", [a, b]), _run(tmp_path, "c", [c])])
+    assert [r["method"] for r in merged] == [
+        "fafi_code (train.grad_clip=1.0)",
+        "fafi_code (train.grad_clip=1.0)",
+        "fafi_code (train.grad_clip=0.5)",
+    ]
+
+
 def test_runs_on_different_clients_are_refused(tmp_path):
     r1 = _run(tmp_path, "a", [_record("fedavg", 0, 0.2, key="x")])
     r2 = _run(tmp_path, "b", [_record("ensemble", 0, 0.3, key="y")])

@@ -270,7 +270,7 @@ def test_real_fedavg_parallel_equals_sequential(digits_run):
     from osfl.methods.fedavg import FedAvg, FedAvgConfig
 
     train, fed, run = digits_run
-    cfg = FedAvgConfig(rounds=2, local_epochs=1)
+    cfg = FedAvgConfig(rounds=2)
     before = torch.get_num_threads()
     kw = {"threads_per_client": 1}
     seq = run_simulation(FedAvg(cfg, run), run, train, fed, **kw)

@@ -33,6 +33,7 @@ from osfl.fl.progress import Progress
 from osfl.fl.regimes import run_regime
 from osfl.fl.runtime.base import Job, PartitionedData, RunResult, Runtime
 from osfl.fl.runtime.simulation import SimulationRuntime
+from osfl.fl.train_config import TrainConfig
 from osfl.flower.loopback import FlowerLoopbackRuntime
 from osfl.registry import Registry
 
@@ -120,8 +121,7 @@ def method_names(cfg: ExperimentConfig) -> list[str]:
     for n, overrides in cfg.method.items():  # bad options fail now, not after hours of training
         method_config(METHODS.get(n), overrides)
     for n in cfg.method_train:
-        METHODS.get(n)
-        method_train_config(cfg, n)
+        train_recipe(cfg, n)
     return [n.lower() for n in names]
 
 
@@ -406,9 +406,24 @@ def build_evaluator(cfg: ExperimentConfig, ctx: SeedContext) -> Callable[[Any], 
     return score
 
 
+def train_recipe(cfg: ExperimentConfig, name: str) -> tuple[TrainConfig, dict[str, str]]:
+    """Method ``name``'s local-training recipe, resolved here once for every
+    party, and where each of its values that differs from ``train.*`` came
+    from (the record's ``train_sources``). Precedence, lowest first: the run's
+    ``train.*``; the method's ``card.train_defaults`` (a variant's own recipe, e.g.
+    ``fafi_code``'s gradient clipping); the user's ``method_train.<name>.*``."""
+    import osfl.methods  # noqa: F401  (registers the methods)
+
+    defaults = dict(METHODS.get(name).card.train_defaults)
+    user = dict(cfg.method_train.get(name) or {})
+    train = method_train_config(dataclasses.replace(cfg.train, **defaults), user, name)
+    where = {k: f"{name} default" for k in defaults} | {k: f"method_train.{name}" for k in user}
+    return train, {k: w for k, w in where.items() if getattr(train, k) != getattr(cfg.train, k)}
+
+
 def method_run(cfg: ExperimentConfig, name: str, run: RunContext) -> RunContext:
-    """``run`` with method ``name``'s local-training recipe (``method_train``)."""
-    train = method_train_config(cfg, name)
+    """``run`` with method ``name``'s local-training recipe (:func:`train_recipe`)."""
+    train, _ = train_recipe(cfg, name)
     return run if train == run.train else dataclasses.replace(run, train=train)
 
 
@@ -481,8 +496,10 @@ def run_record(
         # torch threads each client trained with ("auto" resolved; null: not pinned)
         "threads_per_client": cfg.threads_per_client,
         "method_config": dataclasses.asdict(job.method.config),
-        # the local-training recipe this method ran with (train + method_train)
+        # the local-training recipe this method ran with (train_recipe), and
+        # where each value that differs from train.* came from
         "train": dataclasses.asdict(job.run.train),
+        "train_sources": train_recipe(cfg, job.method.name)[1],
         "rounds": len(result.rounds),
         **m,
         "bytes_up": result.bytes_up,

@@ -121,9 +121,10 @@ class ExperimentConfig:
     methods: list[str] = field(default_factory=list)
     # Per-method overrides of the method's Config: {name: {key: value}}.
     method: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Per-method overrides of the local-training recipe, on top of `train`:
+    # Per-method overrides of the local-training recipe, on top of `train` and the
+    # method's own defaults:
     # {name: {key: value}}, e.g. {eftvit: {lr: 1.0e-5}} where one method needs another
-    # learning rate than its baselines (method_train_config).
+    # learning rate than its baselines (osfl.assembly.train_recipe).
     method_train: dict[str, dict[str, Any]] = field(default_factory=dict)
     seeds: list[int] = field(default_factory=lambda: [0])
     # Grid axes, each "key=v1,v2" (as `osfl run --sweep`, which adds to / replaces them).
@@ -390,23 +391,68 @@ def _merge_options(
         raise ConfigError(f"{prefix}: {e}") from e
 
 
+#: Options that methods' Configs once held beside the local-training recipe,
+#: and the ``method_train.<name>`` key that holds each now.
+_RECIPE_RENAMES = {"local_epochs": "epochs", "epochs_per_step": "epochs"}
+
+
+def _leaf_paths(node: Mapping[str, Any], leaf: str, prefix: str = "") -> list[str]:
+    """The dotted paths below the top level of a config tree that end in ``leaf``."""
+    out = []
+    for k, v in node.items():
+        if isinstance(v, Mapping):
+            if leaf in v:
+                out.append(f"{prefix}{k}.{leaf}")
+            out += _leaf_paths(v, leaf, f"{prefix}{k}.")
+    return out
+
+
+def _where_instead(schema: DictConfig, name: str, key: str) -> list[str]:
+    """Where a top-level option ``key`` unknown to method ``name`` may be
+    meant: the local-training recipe (``method_train.<name>.<key>``; FAFI's
+    ``lr`` and FedAvg's ``local_epochs`` were once method options), the
+    method's nested groups that hold ``key`` (``method.fafi.loss.tau``), and
+    a group ``<a>`` holding ``<b>`` for a key ``<a>_<b>`` (``noise_std`` ->
+    ``method.fafi.noise.std``)."""
+    recipe = {f.name for f in dataclasses.fields(TrainConfig)}
+    out = []
+    if key in _RECIPE_RENAMES or key in recipe:
+        out.append(f"method_train.{name}.{_RECIPE_RENAMES.get(key, key)}")
+    tree = OmegaConf.to_container(schema)
+    assert isinstance(tree, dict)
+    group, _, leaf = key.partition("_")
+    renamed = isinstance(tree.get(group), Mapping) and leaf in tree[group]
+    nested = [f"{group}.{leaf}"] if renamed else []
+    nested += _leaf_paths(tree, key)
+    return out + [f"method.{name}.{p}" for p in nested]
+
+
 def method_config(method_cls: type, overrides: Mapping[str, Any] | None = None) -> Any:
     """Build ``method_cls.Config`` with ``overrides`` (nested configs take nested
     mappings, e.g. ``{"distill": {"lr": 0.01}}``); an unknown key at any level
-    lists the valid keys of that level, a bad value names its dotted key."""
+    lists the valid keys of that level, a bad value names its dotted key, and
+    an unknown top-level key that the recipe or a nested group holds names
+    the key to write instead."""
     name = getattr(method_cls, "name", method_cls.__name__)
     schema = OmegaConf.structured(method_cls.Config)
+    for key in map(str, overrides or {}):
+        instead = [] if key in schema else _where_instead(schema, name, key)
+        if instead:
+            write = " or ".join(f"{k}=..." for k in instead)
+            raise ConfigError(f"unknown option {key!r} for method {name!r}: write {write}")
     return _merge_options(schema, overrides, f"method.{name}", f"for method {name!r}")
 
 
-def method_train_config(cfg: ExperimentConfig, name: str) -> TrainConfig:
-    """The local-training recipe of method ``name``: ``cfg.train`` with
-    ``cfg.method_train[name]`` on top (unknown keys and bad values name their
-    dotted key ``method_train.<name>.<key>``)."""
-    overrides = cfg.method_train.get(name)
+def method_train_config(
+    base: TrainConfig, overrides: Mapping[str, Any] | None, name: str
+) -> TrainConfig:
+    """``base`` with the user's ``method_train.<name>`` ``overrides`` on top
+    (unknown keys and bad values name their dotted key
+    ``method_train.<name>.<key>``). The precedence of the layers below is the
+    assembly's (:func:`osfl.assembly.train_recipe`)."""
     if not overrides:
-        return cfg.train
-    schema = OmegaConf.structured(cfg.train)
+        return base
+    schema = OmegaConf.structured(base)
     return _merge_options(schema, overrides, f"method_train.{name}", f"in method_train.{name}")
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
 
 import numpy as np
@@ -84,7 +84,11 @@ class MethodCard:
     so a new method is tested without writing a test. ``server_rule``: its
     ``aggregate`` combines the clients' weights with ``server.aggregator``
     (the mean or a Byzantine-robust rule); a robust rule is refused for a
-    method that does not, rather than named in its record and ignored."""
+    method that does not, rather than named in its record and ignored.
+    ``train_defaults``: the method's own local-training defaults over the run's
+    ``train`` (e.g. ``fafi_code``'s gradient clipping); ``method_train.<name>``
+    overrides them. The assembly resolves the recipe once (``train_recipe``);
+    a method reads ``self.run.train``."""
 
     regime: str = "scratch"
     uploads: str = "weights"
@@ -93,6 +97,7 @@ class MethodCard:
     default_order: int = 100
     smoke: tuple[str, ...] = ()
     server_rule: bool = False
+    train_defaults: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Method(ABC):

@@ -43,7 +43,6 @@ from osfl.fl.method import (
     sample_fraction,
 )
 from osfl.fl.objectives import ObjectiveTerm, ProximalTerm
-from osfl.fl.train_config import TrainConfig
 from osfl.fl.training import train_local
 from osfl.fl.upload import Broadcast, Upload, UploadSpec
 from osfl.methods.clients import (
@@ -65,12 +64,12 @@ from osfl.methods.clients import (
 
 @dataclass(frozen=True)
 class FedAvgConfig:
-    """``rounds=1`` is one-shot FedAvg. ``local_epochs`` overrides
-    ``train.epochs`` for each round's local training (None: keep it)."""
+    """``rounds=1`` is one-shot FedAvg. Each round's local training follows
+    the run's recipe (``train.*``; ``method_train.fedavg.epochs`` for FedAvg's
+    clients alone)."""
 
     rounds: int = 1
     client_fraction: float = 1.0
-    local_epochs: int | None = None
     weighting: str = "data_size"
 
     def __post_init__(self) -> None:
@@ -78,8 +77,6 @@ class FedAvgConfig:
             raise ConfigError(f"rounds must be >= 1, got {self.rounds}")
         if not 0.0 < self.client_fraction <= 1.0:
             raise ConfigError(f"client_fraction must lie in (0, 1], got {self.client_fraction}")
-        if self.local_epochs is not None and self.local_epochs < 1:
-            raise ConfigError(f"local_epochs must be >= 1 (or null), got {self.local_epochs}")
         WEIGHTINGS.get(self.weighting)  # unknown name -> ConfigError listing the valid ones
 
 
@@ -111,11 +108,6 @@ class FedAvg(Method, MultiRound, Screening, SecureAggregation, SharedTrainingSte
     def local_terms(self, broadcast: Broadcast) -> tuple[ObjectiveTerm, ...]:
         return ()
 
-    def local_config(self) -> TrainConfig:
-        if self.config.local_epochs is None:
-            return self.run.train
-        return dataclasses.replace(self.run.train, epochs=self.config.local_epochs, steps=None)
-
     # --- protocol --------------------------------------------------------
     def init_state(self) -> StateDict:
         return initial_state(self.run)
@@ -125,13 +117,13 @@ class FedAvg(Method, MultiRound, Screening, SecureAggregation, SharedTrainingSte
 
     def client_update(self, ctx: ClientContext, broadcast: Broadcast, data: ImageSet) -> Upload:
         if self.one_shot_run:
-            model = trained_client(ctx, data, broadcast.tensors, self.local_config())
+            model = trained_client(ctx, data, broadcast.tensors, self.run.train)
         else:
             model = model_from_state(self.run, broadcast.tensors)
             train_local(
                 model,
                 data,
-                self.local_config(),
+                self.run.train,
                 transform=self.run.train_transform,
                 device=self.run.device,
                 generator=ctx.generator,
@@ -144,7 +136,7 @@ class FedAvg(Method, MultiRound, Screening, SecureAggregation, SharedTrainingSte
     def shared_training(self, broadcast: Broadcast, round: int) -> SharedTraining | None:
         if not self.one_shot_run:
             return None
-        return SharedTraining(model_from_state(self.run, broadcast.tensors), self.local_config())
+        return SharedTraining(model_from_state(self.run, broadcast.tensors), self.run.train)
 
     def upload_spec(self, state: StateDict, round: int, client: int) -> UploadSpec:
         return model_upload_spec(state)
@@ -184,7 +176,6 @@ class FedAvg(Method, MultiRound, Screening, SecureAggregation, SharedTrainingSte
 
     def public_hparams(self) -> dict[str, Any]:
         hp = super().public_hparams()
-        hp["train"] = dataclasses.asdict(self.local_config())
         hp["fl"] = public_fl_hparams(self.name, self.config)
         return hp
 

@@ -59,7 +59,7 @@ class FedDC(StatefulScheme):
         """``eta * K``, the scale of the gradient correction, for a client of
         ``num_samples`` (:func:`~osfl.fl.objectives.effective_lr_sum` of its
         steps: exactly ``eta * K`` for plain SGD with a constant lr)."""
-        cfg = self.local_config()
+        cfg = self.run.train
         lrs = lr_at(cfg, cfg.total_steps(num_samples))
         entry = OPTIMIZERS.get(cfg.optimizer)
         momentum = cfg.momentum if entry.uses_momentum else 0.0

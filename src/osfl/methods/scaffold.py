@@ -39,7 +39,7 @@ CONTROL_UPDATES: Registry[ControlUpdate] = Registry("SCAFFOLD control-variate op
 @CONTROL_UPDATES.register("i")
 def _option_i(method: Scaffold, ctx, term, c, c_i, global_state, model, data) -> StateDict:
     x = model_from_state(method.run, global_state)
-    cfg = method.local_config()
+    cfg = method.run.train
     return full_gradient(
         x,
         data,

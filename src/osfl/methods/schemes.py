@@ -238,7 +238,7 @@ class StatefulScheme(FedAvg, KeepsClientState, AuditHistory):
     def train(
         self, ctx: ClientContext, model: nn.Module, data: ImageSet, terms: tuple
     ) -> TrainConfig:
-        cfg = self.local_config()
+        cfg = self.run.train
         train_local(
             model,
             data,

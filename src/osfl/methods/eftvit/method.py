@@ -36,7 +36,6 @@ its state instead (the literal reading).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -62,7 +61,6 @@ from osfl.fl.method import (
 )
 from osfl.fl.seeds import derive_seed
 from osfl.fl.state_codec import state_type
-from osfl.fl.train_config import TrainConfig
 from osfl.fl.training import train_local
 from osfl.fl.upload import Broadcast, Upload, UploadSpec
 from osfl.methods.clients import ModelPredictor, StateDict, public_fl_hparams
@@ -96,8 +94,9 @@ class EFTViTConfig:
     and 100 clients with a sampled ``client_fraction`` (0.1: our choice, the
     value is lost from our copy); ``threshold_quantile`` 0.5 = the median
     (Fig. 7 tries higher); ``pad``: pad minority classes still below the
-    threshold by resampling (:mod:`.sampling`); ``local_epochs`` overrides
-    ``train.epochs``; ``server``: the server's training recipe.
+    threshold by resampling (:mod:`.sampling`); ``server``: the server's
+    training recipe (the clients' is the run's: ``train.*``, or
+    ``method_train.eftvit.*`` for EFTViT alone).
     """
 
     rounds: int = 100
@@ -107,7 +106,6 @@ class EFTViTConfig:
     threshold_quantile: float = 0.5
     pad: bool = True
     broadcast_head: bool = True
-    local_epochs: int | None = None
     server: ServerTrainConfig = field(default_factory=ServerTrainConfig)
 
     def __post_init__(self) -> None:
@@ -125,10 +123,6 @@ class EFTViTConfig:
         need(
             0.0 <= self.threshold_quantile <= 1.0,
             f"threshold_quantile must lie in [0, 1], got {self.threshold_quantile}",
-        )
-        need(
-            self.local_epochs is None or self.local_epochs >= 1,
-            f"local_epochs must be >= 1 or null, got {self.local_epochs}",
         )
 
 
@@ -236,11 +230,6 @@ class EFTViT(Method, MultiRound, KeepsClientState, Screening, SiteEvaluation, Re
     def sample_clients(self, round: int, num_clients: int, rng: np.random.Generator) -> list[int]:
         return sample_fraction(self.config.client_fraction, round, num_clients, rng)
 
-    def local_config(self) -> TrainConfig:
-        if self.config.local_epochs is None:
-            return self.run.train
-        return dataclasses.replace(self.run.train, epochs=self.config.local_epochs, steps=None)
-
     def check(self) -> None:
         vit = self.base_vit()
         depth = len(vit.blocks)
@@ -254,7 +243,7 @@ class EFTViT(Method, MultiRound, KeepsClientState, Screening, SiteEvaluation, Re
                 f"method.eftvit.mask_ratio={self.config.mask_ratio} keeps no patch of "
                 f"{vit.num_patches}; lower it"
             )
-        if self.local_config().steps is not None:
+        if self.run.train.steps is not None:
             raise ConfigError(
                 "eftvit counts local epochs (median sampling keeps minority classes' features "
                 "of every epoch, the others' of the last): set train.epochs, not train.steps"
@@ -301,7 +290,7 @@ class EFTViT(Method, MultiRound, KeepsClientState, Screening, SiteEvaluation, Re
         train_local(
             net,
             data,
-            self.local_config(),
+            self.run.train,
             transform=self.run.train_transform,
             device=self.run.device,
             generator=ctx.generator,
@@ -313,7 +302,7 @@ class EFTViT(Method, MultiRound, KeepsClientState, Screening, SiteEvaluation, Re
 
     def client_update(self, ctx: ClientContext, broadcast: Broadcast, data: ImageSet) -> Upload:
         net, masked = self.train_local_module(ctx, broadcast, data)
-        cfg = self.local_config()
+        cfg = self.run.train
         per_epoch = cfg.batches_per_epoch(len(data))
         epochs = [i // per_epoch for i in range(len(masked.tokens))]
         per_class, plan = median_sample(
@@ -455,6 +444,5 @@ class EFTViT(Method, MultiRound, KeepsClientState, Screening, SiteEvaluation, Re
 
     def public_hparams(self) -> dict[str, Any]:
         hp = super().public_hparams()
-        hp["train"] = dataclasses.asdict(self.local_config())
         hp["fl"] = public_fl_hparams(self.name, self.config)
         return hp

@@ -1,12 +1,15 @@
 """FAFI (Zeng et al., "Does One-shot Give the Best Shot? Mitigating Model
 Inconsistency in One-shot Federated Learning", ICML 2025): self-alignment
-local training (SALT, :mod:`.losses`, :mod:`.client`) and informative
-feature fused inference (IFFI, :mod:`.fusion`), registered as the method
-``fafi`` (:mod:`.method`); the public code's recipe is the method
-``fafi_code``. See docs/methods/fafi.md.
+local training (SALT, :mod:`.salt`, :mod:`.losses`, :mod:`.client`,
+:mod:`.local`) and informative
+feature fused inference (IFFI, :mod:`.fusion`, :mod:`.inference`),
+registered as the method ``fafi`` (:mod:`.method`, options in
+:mod:`.config`); the public code's recipe is the method ``fafi_code``. See
+docs/methods/fafi.md.
 """
 
-from osfl.methods.fafi.client import FAFIExtractor, FAFINet, SaltLoss, TwoViews
+from osfl.methods.fafi.client import FAFIExtractor, FAFINet, TwoViews
+from osfl.methods.fafi.config import FAFICodeConfig, FAFIConfig
 from osfl.methods.fafi.fusion import (
     IFFIPredictor,
     NoiseSpec,
@@ -21,7 +24,8 @@ from osfl.methods.fafi.losses import (
     prototype_scores,
     prototype_separation_loss,
 )
-from osfl.methods.fafi.method import FAFI, FAFICode, FAFICodeConfig, FAFIConfig
+from osfl.methods.fafi.method import FAFI, FAFICode
+from osfl.methods.fafi.salt import SaltLoss
 
 __all__ = [
     "FAFI",

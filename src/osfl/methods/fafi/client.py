@@ -1,4 +1,4 @@
-"""FAFI's client side: the network a client trains and its SALT objective.
+"""FAFI's client side: the network a client trains and its two views of a batch.
 
 Zeng et al., ICML 2025, §4.2 and Algorithm 1: a client trains a feature
 extractor ``theta_m`` and learnable class prototypes ``P_m`` (C×D) with
@@ -13,29 +13,21 @@ uploads the extractor and the prototypes only.
 * :class:`TwoViews` turns a batched augmentation pipeline into one that
   returns two independently augmented copies of a batch, stacked, so that
   the training engine's ``loss_fn(model, x, y)`` sees both views without any
-  change to the engine.
-* :class:`SaltLoss` is that ``loss_fn``: weighted Eq. 4 + Eq. 5 (+ CE and
-  prototype separation when asked).
+  change to the engine (:class:`~osfl.methods.fafi.salt.SaltLoss` is that
+  ``loss_fn``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from osfl.data.transforms import Transform
 from osfl.fl.cache import transform_key
-from osfl.methods.fafi.losses import (
-    contrastive_loss,
-    prototype_loss,
-    prototype_scores,
-    prototype_separation_loss,
-)
+from osfl.methods.fafi.losses import prototype_scores
 
 
 class FAFIExtractor(nn.Module):
@@ -110,67 +102,3 @@ class TwoViews(Transform):
 
     def key(self) -> Any:
         return {"two_views": transform_key(self.base)}
-
-
-@dataclass(frozen=True)
-class SaltLoss:
-    """The engine's ``loss_fn(model, x, y)`` for SALT; ``x`` comes from :class:`TwoViews`.
-
-    ``ssl_weight * L_ssl + proto_weight * L_proto + ce_weight * CE +
-    sep_weight * L_sep``. ``L_ssl`` runs at ``ssl_tau``, ``L_proto`` and
-    ``L_sep`` at ``proto_tau`` (``None``: both ``tau``, the paper's single
-    temperature). ``L_proto`` and CE see the features of both views.
-    ``proto_similarity`` scores features against prototypes (``cosine``:
-    the paper; ``unit_feature``: normalised feature · raw prototype, the public
-    code, whose separation term then also uses the raw ``P·Pᵀ``).
-    """
-
-    tau: float = 0.5
-    ssl_weight: float = 1.0
-    proto_weight: float = 1.0
-    ce_weight: float = 0.0
-    sep_weight: float = 0.0
-    ssl_labels: bool = True
-    ssl_denominator: str = "negatives"
-    proto_denominator: str = "negatives"
-    ssl_tau: float | None = None
-    proto_tau: float | None = None
-    proto_similarity: str = "cosine"
-
-    def __call__(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        b = y.shape[0]
-        if x.shape[0] != 2 * b:
-            raise ValueError(
-                f"SALT expects two views per sample ({2 * b} images for {b} labels), got "
-                f"{x.shape[0]}: train with the TwoViews transform"
-            )
-        f = model.features(x)
-        yy = torch.cat([y, y])
-        ssl_tau = self.tau if self.ssl_tau is None else self.ssl_tau
-        proto_tau = self.tau if self.proto_tau is None else self.proto_tau
-        loss = f.new_zeros((), dtype=torch.float32)
-        if self.ssl_weight:
-            f1, f2 = f[:b], f[b:]
-            labels = y if self.ssl_labels else None
-            loss = loss + self.ssl_weight * contrastive_loss(
-                f1, f2, labels, tau=ssl_tau, denominator=self.ssl_denominator
-            )
-        if self.proto_weight:
-            loss = loss + self.proto_weight * prototype_loss(
-                f,
-                model.prototypes,
-                yy,
-                tau=proto_tau,
-                denominator=self.proto_denominator,
-                similarity=self.proto_similarity,
-            )
-        if self.ce_weight:
-            loss = loss + self.ce_weight * F.cross_entropy(model.logits(f).float(), yy)
-        if self.sep_weight:
-            loss = loss + self.sep_weight * prototype_separation_loss(
-                model.prototypes, tau=proto_tau, normalize=self.proto_similarity == "cosine"
-            )
-        return loss
-
-    def key(self) -> dict[str, Any]:
-        return asdict(self)

@@ -96,25 +96,29 @@ def fuse(feats: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tens
 class NoiseSpec:
     """``samples`` images of ``N(mean, std)`` noise, drawn from ``seed`` alone (Eq. 8's eps).
 
-    Drawn lazily by :class:`IFFIPredictor` at the shape of the first batch it
-    sees, so the server needs no knowledge of the evaluation resolution.
+    Also FAFI's option group ``noise`` (``method.fafi.noise.std=5``: a Table 9
+    row), where ``seed: null`` means the run's own noise seed. Drawn lazily by
+    :class:`IFFIPredictor` at the shape of the first batch it sees, so the
+    server needs no knowledge of the evaluation resolution.
     """
 
     mean: float = 0.0
     std: float = 1.0
     samples: int = 1
-    seed: int = 0
+    seed: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.samples, bool) or not isinstance(self.samples, int) or self.samples < 1:
-            raise ConfigError(f"fafi: noise_samples must be an integer >= 1, got {self.samples!r}")
+            raise ConfigError(f"noise.samples must be an integer >= 1, got {self.samples!r}")
         if not (self.std >= 0 and math.isfinite(self.std) and math.isfinite(self.mean)):
             raise ConfigError(
-                f"fafi: noise_std must be finite and >= 0 and noise_mean finite, got "
+                f"noise.std must be finite and >= 0 and noise.mean finite, got "
                 f"N({self.mean}, {self.std})"
             )
 
     def draw(self, shape: Sequence[int]) -> torch.Tensor:
+        if self.seed is None:
+            raise ValueError("NoiseSpec.seed is unset: give the noise a seed before drawing it")
         gen = torch.Generator().manual_seed(self.seed)
         return self.mean + self.std * torch.randn((self.samples, *shape), generator=gen)
 

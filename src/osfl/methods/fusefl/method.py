@@ -45,7 +45,6 @@ the mean (the scale each classifier was trained at).
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -68,7 +67,6 @@ from osfl.fl.method import (
     SharedTrainingStep,
     register_method,
 )
-from osfl.fl.train_config import TrainConfig
 from osfl.fl.upload import (
     NUM_SAMPLES,
     Broadcast,
@@ -107,15 +105,14 @@ class FuseFLConfig:
     3 for ``cnn_small``, 5 for the ResNets; the code's default is 2);
     ``adaptor``: ``conv1x1`` (paper Fig. 4, the code's scripts) or ``avg``
     (parameter-free mean); ``classifier``: ``average`` (the code's default) or
-    ``heads``; ``epochs_per_step``: local epochs of each step (``None``: the
-    run's ``train.epochs``, so round 0 is the cached local training that
-    Ensemble and FedAvg share; the code's scripts split one local budget over
-    the K steps, e.g. 200 -> 4 × 50)."""
+    ``heads``. Every step trains with the run's recipe, so round 0 is the
+    cached local training that Ensemble and FedAvg share
+    (``method_train.fusefl.epochs``: local epochs of each step; the code's
+    scripts split one local budget over the K steps, e.g. 200 -> 4 × 50)."""
 
     blocks: int = 2
     adaptor: str = "conv1x1"
     classifier: str = "average"
-    epochs_per_step: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.blocks, bool) or not isinstance(self.blocks, int) or self.blocks < 2:
@@ -129,10 +126,6 @@ class FuseFLConfig:
         if self.classifier not in CLASSIFIERS:
             raise ConfigError(
                 f"method.fusefl: classifier must be one of {CLASSIFIERS}, got {self.classifier!r}"
-            )
-        if self.epochs_per_step is not None and self.epochs_per_step < 1:
-            raise ConfigError(
-                f"method.fusefl: epochs_per_step must be >= 1 or null, got {self.epochs_per_step}"
             )
 
 
@@ -223,10 +216,6 @@ class FuseFL(Method, MultiRound, KeepsClientState, SharedTrainingStep, Reporting
         """The adaptor in front of block ``j`` >= 1, over ``members`` streams."""
         return ADAPTORS.get(self.config.adaptor)(members, self.channels[j - 1], gen)
 
-    def step_cfg(self) -> TrainConfig:
-        n = self.config.epochs_per_step
-        return self.run.train if n is None else dataclasses.replace(self.run.train, epochs=n)
-
     def build_trunk(self, fused: list[Mapping[int, Mapping[str, StateDict]]]) -> FusedTrunk:
         """The fused blocks 0..len(fused)-1 from their members' states."""
         models: dict[int, nn.Module] = {}
@@ -267,12 +256,12 @@ class FuseFL(Method, MultiRound, KeepsClientState, SharedTrainingStep, Reporting
     def shared_training(self, broadcast: Broadcast, round: int) -> SharedTraining | None:
         if round != 0:
             return None
-        return SharedTraining(model_from_state(self.run, broadcast.tensors), self.step_cfg())
+        return SharedTraining(model_from_state(self.run, broadcast.tensors), self.run.train)
 
     def client_update(self, ctx: ClientContext, broadcast: Broadcast, data: ImageSet) -> Upload:
         k = ctx.round
         if k == 0:
-            model = trained_client(ctx, data, broadcast.tensors, cfg=self.step_cfg())
+            model = trained_client(ctx, data, broadcast.tensors, cfg=self.run.train)
             ctx.state.tensors = _with(OWN, cpu_state(model))
             ctx.state.meta = {"members": []}
             return Upload(_with(BLOCK, self.block_state(model, 0)), {"num_samples": len(data)})
@@ -285,7 +274,7 @@ class FuseFL(Method, MultiRound, KeepsClientState, SharedTrainingStep, Reporting
         step = StepModel(self.build_trunk(fused), adaptor, blocks, head)
         # trained in place (``own`` shares the step model's blocks), through the
         # client cache: the key holds the step model's weights, fused prefix included
-        train_client(ctx, data, model=step, cfg=self.step_cfg(), extra_key=("fusefl", k))
+        train_client(ctx, data, model=step, cfg=self.run.train, extra_key=("fusefl", k))
         ctx.state.tensors = {
             **{n: v for n, v in ctx.state.tensors.items() if not n.startswith(OWN)},
             **_with(OWN, cpu_state(own)),

@@ -274,7 +274,7 @@ class PEFTMethod(FedAvg, Reporting):
         train_local(
             view,
             data,
-            self.local_config(),
+            self.run.train,
             transform=self.run.train_transform,
             device=device,
             generator=ctx.generator,
