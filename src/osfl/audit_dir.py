@@ -9,7 +9,6 @@ and ``summary.md``.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -96,7 +95,7 @@ def _recording(rec_dir: Path) -> dict[str, Any]:
     """A recording's ``recording.json``; a damaged one is a DataError naming it."""
     path = rec_dir / RECORDING
     try:
-        doc = json.loads(path.read_text())
+        doc = jsonio.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: damaged ({e})") from e
     if not isinstance(doc, dict):

@@ -10,7 +10,6 @@ carries its cost).
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -72,31 +71,71 @@ def machine_info() -> dict[str, Any]:
     }
 
 
+def _number(v: Any) -> bool:
+    return v is None or (isinstance(v, int | float) and not isinstance(v, bool))
+
+
+def _numbers(v: Any) -> bool:
+    return isinstance(v, dict) and all(_number(x) for x in v.values())
+
+
+def _strings(v: Any) -> bool:
+    return isinstance(v, list) and all(isinstance(x, str) for x in v)
+
+
+#: The record fields osfl's readers (tables, plots, audits) use, with what each
+#: must be when present: a damaged file is one DataError, never a traceback.
+RECORD_FIELDS: dict[str, tuple[Any, str]] = {
+    "method": (lambda v: isinstance(v, str), "a string"),
+    "seed": (lambda v: isinstance(v, int) and not isinstance(v, bool), "an integer"),
+    "point": (lambda v: isinstance(v, str), "a string"),
+    "regime": (lambda v: isinstance(v, str), "a string"),
+    "audit": (lambda v: isinstance(v, dict), "an object"),
+    "method_config": (lambda v: v is None or isinstance(v, dict), "an object"),
+    "train": (lambda v: v is None or isinstance(v, dict), "an object"),
+    "partition": (lambda v: v is None or isinstance(v, dict), "an object"),
+    "global_test_accuracy": (_number, "a number"),
+    "local_test_accuracy": (_number, "a number"),
+    "bytes_up": (_number, "a number"),
+    "bytes_down": (_number, "a number"),
+    "time_s": (_numbers, "an object of numbers"),
+    "warnings": (_strings, "a list of strings"),
+    "curve": (lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v), "a list"),
+}
+REQUIRED_FIELDS = ("method", "seed")
+
+
+def record_problem(r: Any) -> str | None:
+    """Why ``r`` is not a record osfl's readers can use (``None``: it is)."""
+    if not isinstance(r, dict):
+        return "is not an object"
+    for key in REQUIRED_FIELDS:
+        if key not in r:
+            return f"lacks {key!r}"
+    for key, (ok, what) in RECORD_FIELDS.items():
+        if key in r and not ok(r[key]):
+            return f"field {key!r} must be {what}"
+    return None
+
+
 def read_metrics(path: str | Path) -> dict[str, Any]:
     """A run's ``metrics.json``, checked enough that its readers cannot trip on
-    it: an object whose ``records`` is a list of objects, each with a string
-    ``method``, an integer ``seed`` and (if any) an object ``audit``. Anything
-    else is one :class:`DataError` naming the file and the record."""
+    it: an object whose ``records`` is a list of records whose fields have the
+    types :data:`RECORD_FIELDS` names (a string ``method`` and an integer
+    ``seed`` at least). Anything else is one :class:`DataError` naming the
+    file and the record; the text is read with bounded nesting
+    (:func:`osfl.jsonio.loads`)."""
     try:
-        doc = json.loads(Path(path).read_text())
+        doc = jsonio.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise DataError(f"{path}: damaged ({e})") from e
     records = doc.get("records") if isinstance(doc, dict) else None
     if not isinstance(records, list):
         raise DataError(f"{path}: damaged (no list of records)")
     for i, r in enumerate(records):
-        ok = (
-            isinstance(r, dict)
-            and isinstance(r.get("method"), str)
-            and isinstance(r.get("seed"), int)
-            and not isinstance(r.get("seed"), bool)
-            and isinstance(r.get("audit", {}), dict)
-            and isinstance(r.get("point", ""), str)
-        )
-        if not ok:
-            raise DataError(
-                f"{path}: damaged (record {i} lacks a method, seed or audit of its type)"
-            )
+        why = record_problem(r)
+        if why is not None:
+            raise DataError(f"{path}: damaged (record {i} {why})")
     return doc
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from osfl import jsonio
 from osfl.errors import DataError
 
 FORMAT = "osfl.federation"
@@ -346,8 +347,8 @@ class Federation:
         except OSError as e:
             raise DataError(f"cannot read federation file {path}: {e}") from None
         try:
-            d = json.loads(text)
-        except json.JSONDecodeError as e:
+            d = jsonio.loads(text)
+        except ValueError as e:
             raise DataError(
                 f"{path}: not valid JSON ({e}); re-create it with make_federation"
             ) from None

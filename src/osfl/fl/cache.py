@@ -40,6 +40,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
+from osfl import jsonio
 from osfl.data.transforms import Transform
 from osfl.errors import ConfigError
 
@@ -146,7 +147,7 @@ class ClientCache:
         and readable."""
         _, sidecar = self._paths(key)
         try:
-            meta = json.loads(sidecar.read_text())
+            meta = jsonio.loads(sidecar.read_text())
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as e:

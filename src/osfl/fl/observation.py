@@ -35,6 +35,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from osfl import jsonio
 from osfl.errors import DataError
 
 _JSON = "observation.json"
@@ -134,7 +135,7 @@ class Observation:
 
     @classmethod
     def _read(cls, src: Path, doc_path: Path) -> Observation:
-        doc = json.loads(doc_path.read_text())
+        doc = jsonio.loads(doc_path.read_text())
         if not isinstance(doc, dict):
             raise DataError(f"{doc_path}: not a JSON object")
         bpath = (src / str(doc["broadcast"])).resolve()

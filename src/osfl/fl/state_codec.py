@@ -25,6 +25,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load, save
 
+from osfl import jsonio
 from osfl.errors import DataError
 from osfl.registry import Registry
 
@@ -152,8 +153,8 @@ def state_from_bytes(blob: bytes) -> Any:
     try:
         tensors = load(blob)
         header_len = int.from_bytes(blob[:8], "little")
-        header = json.loads(blob[8 : 8 + header_len])
-        skeleton = json.loads(header["__metadata__"][_SKELETON])
+        header = jsonio.loads(blob[8 : 8 + header_len])
+        skeleton = jsonio.loads(header["__metadata__"][_SKELETON])
     except (SafetensorError, ValueError, KeyError, TypeError) as e:
         raise DataError(f"saved state is damaged ({type(e).__name__}: {e})") from e
     return decode_state(tensors, skeleton)

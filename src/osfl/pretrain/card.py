@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from osfl import jsonio
 from osfl.errors import ConfigError
 
 #: Version tag of the card layout below; bumped when a field changes meaning.
@@ -63,8 +64,8 @@ def read_card(weights: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not p.is_file():
         return None
     try:
-        card = json.loads(p.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        card = jsonio.loads(p.read_text())
+    except ValueError as e:  # bad JSON, too deep, not UTF-8
         raise ConfigError(f"model card {str(p)!r} is not valid JSON: {e}") from e
     if not isinstance(card, dict) or card.get("schema") != CARD_SCHEMA:
         raise ConfigError(

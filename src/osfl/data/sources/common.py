@@ -25,6 +25,7 @@ from PIL import Image
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
+from osfl import jsonio
 from osfl.data.imageset import DataSplits, ImageSet
 from osfl.errors import DataError
 
@@ -286,7 +287,7 @@ def load_splits(path: Path) -> DataSplits | None:
     """Read a file written by :func:`save_splits`; None if it is unreadable (then rebuilt)."""
     try:
         with safe_open(str(path), framework="pt") as f:
-            meta = json.loads(f.metadata()["osfl_splits"])
+            meta = jsonio.loads(f.metadata()["osfl_splits"])
             keys = set(f.keys())
             parts = {}
             for part in ("train", "test"):

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from osfl import jsonio
 from osfl.fl.runtime.rounds import torch_threads
 
 __all__ = ["CACHE_FILE", "MIN_GAIN", "ThreadChoice", "choose_threads", "measure_images_per_s"]
@@ -137,7 +138,7 @@ def _read_cache(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}
     try:
-        doc = json.loads(path.read_text())
+        doc = jsonio.loads(path.read_text())
         choices = doc["choices"]
         if not isinstance(choices, dict):
             raise TypeError("'choices' is not an object")
