@@ -1,7 +1,8 @@
 """Damaged files never give a traceback (issue: "no traceback from a damaged
 file"): seeded fuzzing of a recorded run directory (truncations, bit flips,
-wrong JSON types, deleted and garbage files) under ``osfl audit`` and
-``osfl run --resume``, and of checkpoints under ``read_state_dict``. Each case
+wrong JSON types, JSON nested thousands of levels deep, deleted and garbage
+files) under ``osfl audit``, ``osfl table`` and ``osfl run --resume``, and of
+checkpoints under ``read_state_dict``. Each case
 ends with exit 0 or one ``osfl: error:`` line and exit 2; the slow variants
 run many more cases."""
 
@@ -57,7 +58,12 @@ def damage(root: Path, rng: random.Random) -> str:
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix != ".png")
     f = rng.choice(files)
     data = f.read_bytes()
-    kind = rng.choice(["truncate", "flip", "json", "json", "delete", "garbage"])
+    kind = rng.choice(["truncate", "flip", "json", "json", "deep", "delete", "garbage"])
+    if kind == "deep" and f.suffix in (".json", ".jsonl"):  # json.loads recurses per level
+        text = data.decode(errors="replace")
+        cut = rng.randrange(max(len(text), 1))
+        f.write_text(text[:cut] + "[" * 5000 + "]" * 5000 + text[cut:])
+        return f"deep nesting in {f.relative_to(root)}"
     if kind == "json" and f.suffix == ".json":
         obj = json.loads(data)
         paths = [p for p in _json_paths(obj) if p]
@@ -71,7 +77,7 @@ def damage(root: Path, rng: random.Random) -> str:
             obj = rng.choice(WRONG_TYPES)
         f.write_text(json.dumps(obj))
         return f"wrong type in {f.relative_to(root)}"
-    if kind in ("truncate", "json"):
+    if kind in ("truncate", "json", "deep"):
         f.write_bytes(data[: rng.randrange(max(len(data), 1))])
     elif kind == "flip":
         b = bytearray(data)
@@ -114,6 +120,7 @@ def _fuzz_run_dir(recorded: Path, tmp_path: Path, cases: range) -> None:
         command = rng.choice(
             [
                 ["audit", str(d), "--attack", "zlg+", "--aux-per-class", "2"],
+                ["table", str(d)],
                 ["run", "--resume", str(d), "--no-progress"],
             ]
         )
