@@ -166,8 +166,7 @@ class _Stack:
             for k, v in model.named_parameters()
         }
         buffers = {
-            k: v.detach().unsqueeze(0).repeat(n, *([1] * v.ndim))
-            for k, v in model.named_buffers()
+            k: v.detach().unsqueeze(0).repeat(n, *([1] * v.ndim)) for k, v in model.named_buffers()
         }
 
         def forward(p: dict, b: dict, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
@@ -193,7 +192,11 @@ class _Stack:
         whole = len(members) == self.n
         index = None if whole else torch.tensor(members, device=self.device)
         p = self.params if whole else {k: v.index_select(0, index) for k, v in self.params.items()}
-        b = self.buffers if whole else {k: v.index_select(0, index) for k, v in self.buffers.items()}
+        b = (
+            self.buffers
+            if whole
+            else {k: v.index_select(0, index) for k, v in self.buffers.items()}
+        )
         logits, new_buffers = self.vmapped(p, b, x)
         with torch.no_grad():
             for k, v in new_buffers.items():

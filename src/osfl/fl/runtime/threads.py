@@ -249,9 +249,7 @@ def _measure(
     return ThreadChoice(threads, "measured", rates)
 
 
-def _remember(
-    key: str, choice: ThreadChoice, path: Path | None, choices: dict[str, Any]
-) -> None:
+def _remember(key: str, choice: ThreadChoice, path: Path | None, choices: dict[str, Any]) -> None:
     """Keep a measured choice for the next run: in the cache file with its rates
     and date, or, without a cache directory, in this process's memo."""
     if path is None:
