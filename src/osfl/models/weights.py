@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import nn
 
 from osfl.errors import ConfigError
@@ -101,9 +103,6 @@ def read_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
         raise ConfigError(f"checkpoint {str(p)!r} not found; give the path to a local weights file")
     suffix = p.suffix.lower()
     if suffix == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
         try:
             obj: object = load_file(str(p), device="cpu")
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
