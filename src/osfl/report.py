@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import platform
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -21,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from rich.table import Table
 
-from osfl import jsonio
+from osfl import __version__, jsonio
 from osfl.convergence import link_seconds
 from osfl.errors import DataError
 from osfl.fl.regimes import REGIMES
@@ -36,8 +39,6 @@ def write_metrics(
 ) -> Path:
     """``metrics.json``: ``{"schema_version", "osfl_version", "created", ..info, "records"}``,
     written atomically (runs rewrite it after every finished record)."""
-    from osfl import __version__
-
     doc = {
         "schema_version": SCHEMA_VERSION,
         "osfl_version": __version__,
@@ -59,10 +60,6 @@ def machine_info() -> dict[str, Any]:
     build, the CPU kernel path torch dispatches to (AVX2 and AVX-512 kernels sum
     in different orders, so accuracies differ in the last digits), and torch's
     thread count."""
-    import platform
-
-    import torch
-
     return {
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -269,8 +266,6 @@ def warning_lines(rows: Sequence[Row]) -> list[str]:
 
 def rich_table(rows: Sequence[Row], title: str = "") -> Any:
     """A ``rich.table.Table`` of the summary, for the terminal."""
-    from rich.table import Table
-
     header, cells = table_rows(rows)
     table = Table(title=title or None)
     for i, h in enumerate(header):
@@ -473,8 +468,10 @@ def plot_frontier(records: Sequence[Mapping[str, Any]], path: str | Path) -> Pat
             groups.setdefault((str(r.get("point", "")), str(r["method"])), []).append(r)
     if len({m for _, m in groups}) < 2:
         return None
+    # heavy: matplotlib (only runs that plot pay for it)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
 
     fig = Figure(figsize=(7, 4.2), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
@@ -488,8 +485,6 @@ def plot_frontier(records: Sequence[Mapping[str, Any]], path: str | Path) -> Pat
         marker = markers.get(str(recs[0].get("regime")), "x")
         ax.scatter([sent], [acc], marker=marker, color=next(colours), label=label, s=36)
     ax.set_xscale("log")
-    from matplotlib.ticker import FuncFormatter
-
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human_bytes(v)))
     ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     ax.set_xlabel("bytes up + down, all clients (log scale)")
@@ -504,6 +499,7 @@ def plot_frontier(records: Sequence[Mapping[str, Any]], path: str | Path) -> Pat
 
 def _colours(n: int) -> Any:
     """Distinct colours for ``n`` lines (tab10, then tab20, then a colormap sweep)."""
+    # heavy: matplotlib (only runs that plot pay for it)
     from matplotlib import colormaps
 
     if n <= 10:
