@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from rich.table import Table
+
 from osfl.privacy.audit.scoring import stats
 
 AUDIT_HEADING = "## Privacy audit"
@@ -99,8 +101,6 @@ def audit_markdown(records: Sequence[Mapping[str, Any]]) -> str:
 
 def audit_rich_table(records: Sequence[Mapping[str, Any]], title: str = "privacy audit") -> Any:
     """The audit table for the terminal (``None`` when nothing was scored)."""
-    from rich.table import Table
-
     header, cells = audit_rows(records)
     if not cells:
         return None
