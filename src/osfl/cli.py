@@ -303,8 +303,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     train an encoder on declared upstream data and write it with its model card
     (docs/pretrain.md); ``--disjoint-from RUN.yaml`` refuses upstream data that
     overlaps that run's data before anything trains."""
-    # heavy: torch and the whole pretraining stack (osfl.pretrain.card is light, but with
-    # hashlib it would add ~4 ms, half again, to every `osfl` start)
+    # heavy: torch and the whole pretraining stack; osfl.pretrain.card alone is light,
+    # but at module level it (with hashlib) would add ~4 ms, half again, to `import osfl.cli`
     from osfl.assembly import load_splits
     from osfl.config import load_config
     from osfl.pretrain.card import check_disjoint
