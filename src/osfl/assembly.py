@@ -349,6 +349,7 @@ def build_method(cfg: ExperimentConfig, name: str, run: RunContext) -> Method:
 
 def test_evaluator(test: ImageSet, run: RunContext) -> Callable[[Any], dict[str, Any]]:
     """Accuracy of a predictor on ``test`` (global and per class)."""
+
     def score(predictor: Any) -> dict[str, Any]:
         return evaluate(predictor, test, run.eval_transform, run.device).as_dict()
 
