@@ -21,21 +21,42 @@ from typing import Any
 
 import torch
 
-from osfl.config import ExperimentConfig, method_config, method_train_config
+from osfl.config import (
+    ExperimentConfig,
+    load_config,
+    load_config_text,
+    method_config,
+    method_train_config,
+    to_yaml,
+)
 from osfl.convergence import convergence
+from osfl.data.classes import keep_classes
 from osfl.data.federation import Federation
 from osfl.data.imageset import DataSplits, ImageSet
+from osfl.data.partition import PARTITIONS, make_federation
+from osfl.data.sources import DATASETS, load_data
+from osfl.data.transforms import PIPELINES, build_transform, channel_stats
 from osfl.errors import ConfigError
 from osfl.fl.cache import ClientCache
 from osfl.fl.context import ModelSpec, RunContext
+from osfl.fl.evaluate import evaluate, local_test_accuracy
 from osfl.fl.method import METHODS, Method, Reporting, capability
 from osfl.fl.progress import Progress
 from osfl.fl.regimes import run_regime
 from osfl.fl.runtime.base import Job, PartitionedData, RunResult, Runtime
 from osfl.fl.runtime.simulation import SimulationRuntime
+from osfl.fl.runtime.threads import choose_threads
 from osfl.fl.train_config import TrainConfig
+from osfl.flower.engine import FlowerEngineRuntime
 from osfl.flower.loopback import FlowerLoopbackRuntime
+from osfl.flower.spec import JobSpec
+from osfl.methods import default_methods  # importing osfl.methods registers every method
+from osfl.models import MODELS
+from osfl.pretrain.card import check_disjoint, pretrained_info
+from osfl.privacy.audit import AuditSession, parse_audit
+from osfl.privacy.defenses import apply_defense, defense_config
 from osfl.registry import Registry
+from osfl.robustness import apply_byzantine, byzantine_config
 
 #: runtime name -> ``factory(cfg) -> Runtime`` (``runtime:`` in a config).
 RUNTIMES: Registry[Callable[[ExperimentConfig], Runtime]] = Registry("runtime")
@@ -53,10 +74,6 @@ RUNTIMES.add(
 @RUNTIMES.register("flower_engine")
 def _flower_engine(cfg: ExperimentConfig) -> Runtime:
     """Flower's simulation engine (Ray actors build their jobs from the config's YAML)."""
-    from osfl.config import to_yaml
-    from osfl.flower.engine import FlowerEngineRuntime
-    from osfl.flower.spec import JobSpec
-
     return FlowerEngineRuntime(job_from_spec, JobSpec(experiment=to_yaml(cfg)))
 
 
@@ -77,8 +94,6 @@ def resolve_threads(cfg: ExperimentConfig, run: RunContext | None) -> Experiment
         return cfg
     if run is None or cfg.runtime not in THREADED_RUNTIMES:
         return dataclasses.replace(cfg, threads_per_client=None)
-    from osfl.fl.runtime.threads import choose_threads
-
     spec = run.model
     kwargs = {k: v for k, v in spec.kwargs.items() if k != "pretrained"}  # weights: no speed
     choice = choose_threads(
@@ -112,9 +127,6 @@ def build_runtime(cfg: ExperimentConfig) -> Runtime:
 def method_names(cfg: ExperimentConfig) -> list[str]:
     """``cfg.methods``, or the default-run methods when empty; every name and
     every per-method override is validated here, before anything runs."""
-    import osfl.methods  # noqa: F401  (registers the methods)
-    from osfl.methods import default_methods
-
     names = list(cfg.methods) or default_methods()
     for n in names:
         METHODS.get(n)  # unknown -> ConfigError listing the valid ones
@@ -130,14 +142,6 @@ def check_names(cfg: ExperimentConfig) -> list[str]:
     model, transforms, runtime, methods and their options, privacy options) so
     that a typo in the last grid point of a sweep fails before the first one
     trains. Returns the resolved method names."""
-    from osfl.data.partition import PARTITIONS
-    from osfl.data.sources import DATASETS
-    from osfl.data.transforms import PIPELINES
-    from osfl.models import MODELS
-    from osfl.privacy.audit import parse_audit
-    from osfl.privacy.defenses import defense_config
-    from osfl.robustness import byzantine_config
-
     DATASETS.get(cfg.data.source.partition(":")[0].strip())
     PARTITIONS.get(cfg.partition.scheme)
     MODELS.get(cfg.model.name)
@@ -170,9 +174,6 @@ def resolve_device(name: str) -> torch.device:
 def load_splits(cfg: ExperimentConfig) -> DataSplits:
     """The train/test ImageSets of ``cfg.data`` (only the options that are set),
     restricted to ``data.classes`` in that label order when it is given."""
-    from osfl.data.classes import keep_classes
-    from osfl.data.sources import load_data
-
     d = cfg.data
     named = {"image_size": d.image_size, "channels": d.channels, "max_per_class": d.max_per_class}
     named["cache_dir"] = d.cache_dir
@@ -184,8 +185,6 @@ def load_splits(cfg: ExperimentConfig) -> DataSplits:
 def partition_params(cfg: ExperimentConfig) -> dict[str, Any]:
     """The scheme's parameters: named fields the scheme does not take are left
     out (``alpha`` means nothing to ``iid``), explicit ``options`` go as given."""
-    from osfl.data.partition import PARTITIONS
-
     scheme = PARTITIONS.get(cfg.partition.scheme)
     accepted = (
         {f.name for f in dataclasses.fields(scheme)} if dataclasses.is_dataclass(scheme) else set()
@@ -198,8 +197,6 @@ def partition_params(cfg: ExperimentConfig) -> dict[str, Any]:
 def build_federation(cfg: ExperimentConfig, train: ImageSet, seed: int) -> Federation:
     """The clients' split of ``train`` for ``seed`` (``partition.seed`` pins it),
     cached as JSON under ``cache_dir`` when one is set."""
-    from osfl.data.partition import make_federation
-
     p = cfg.partition
     return make_federation(
         train.labels,
@@ -217,8 +214,6 @@ def build_transforms(cfg: ExperimentConfig, train: ImageSet | None) -> tuple[Any
     """``(train, eval)`` batched transforms, normalised with ``transform.mean``
     / ``std`` when given, else with the train set's channel statistics (what
     every party of a rehearsal computes the same way)."""
-    from osfl.data.transforms import build_transform, channel_stats
-
     tf = cfg.transform
     if (tf.mean is None) != (tf.std is None):
         raise ConfigError("give both transform.mean and transform.std, or neither")
@@ -267,8 +262,6 @@ def build_run(
 
 @functools.lru_cache(maxsize=8)
 def _weights_info(path: str, mtime: float, size: int) -> dict[str, Any]:
-    from osfl.pretrain.card import pretrained_info
-
     return pretrained_info(path)
 
 
@@ -278,8 +271,6 @@ def pretrained_weights(cfg: ExperimentConfig, train: ImageSet | None) -> dict[st
     with a card and the train set at hand, a task whose data the encoder may
     have seen (same source and a shared class, or the same images) is refused
     here, before anything trains. A ``hf-hub:`` id is recorded as given."""
-    from osfl.pretrain.card import check_disjoint
-
     path = cfg.model.kwargs.get("pretrained")
     if not path:
         return None
@@ -358,10 +349,6 @@ def build_method(cfg: ExperimentConfig, name: str, run: RunContext) -> Method:
     config's client-side ``defense`` (clipping + DP noise) when it has one, and
     in the ``byzantine`` poison of the clients it names (outermost: a poisoned
     client does not run the defence honestly)."""
-    import osfl.methods  # noqa: F401  (registers the methods)
-    from osfl.privacy.defenses import apply_defense
-    from osfl.robustness import apply_byzantine
-
     cls = METHODS.get(name)
     rule = cfg.server.aggregator
     if rule != "mean" and not cls.card.server_rule:
@@ -377,7 +364,6 @@ def build_method(cfg: ExperimentConfig, name: str, run: RunContext) -> Method:
 
 def test_evaluator(test: ImageSet, run: RunContext) -> Callable[[Any], dict[str, Any]]:
     """Accuracy of a predictor on ``test`` (global and per class)."""
-    from osfl.fl.evaluate import evaluate
 
     def score(predictor: Any) -> dict[str, Any]:
         return evaluate(predictor, test, run.eval_transform, run.device).as_dict()
@@ -388,8 +374,6 @@ def test_evaluator(test: ImageSet, run: RunContext) -> Callable[[Any], dict[str,
 def build_evaluator(cfg: ExperimentConfig, ctx: SeedContext) -> Callable[[Any], dict[str, Any]]:
     """Test accuracy of a predictor (global, per class; per client's label mix
     with ``eval_local``)."""
-    from osfl.fl.evaluate import local_test_accuracy
-
     on_test = test_evaluator(ctx.splits.test, ctx.run)
 
     def score(predictor: Any) -> dict[str, Any]:
@@ -412,8 +396,6 @@ def train_recipe(cfg: ExperimentConfig, name: str) -> tuple[TrainConfig, dict[st
     from (the record's ``train_sources``). Precedence, lowest first: the run's
     ``train.*``; the method's ``card.train_defaults`` (a variant's own recipe, e.g.
     ``fafi_code``'s gradient clipping); the user's ``method_train.<name>.*``."""
-    import osfl.methods  # noqa: F401  (registers the methods)
-
     defaults = dict(METHODS.get(name).card.train_defaults)
     user = dict(cfg.method_train.get(name) or {})
     train = method_train_config(dataclasses.replace(cfg.train, **defaults), user, name)
@@ -449,8 +431,6 @@ def build_audit(
 ) -> Any:
     """The privacy audit of one run when ``cfg.audit`` lists attacks or
     ``record`` (an observer to attach, then ``finish()``), else ``None``."""
-    from osfl.privacy.audit import AuditSession, parse_audit
-
     spec = parse_audit(cfg.audit)
     if spec is None:
         return None
@@ -561,8 +541,6 @@ def load_experiment(spec: Any) -> tuple[ExperimentConfig, str, int]:
     ``spec.experiment`` is a YAML file path, YAML text (it holds a newline or
     a ``key: value``), or ``""`` for the embedded default experiment.
     """
-    from osfl.config import load_config, load_config_text
-
     text = spec.experiment.strip()
     overrides = list(spec.overrides)
     if not text:

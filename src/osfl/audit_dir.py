@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from osfl import assembly, jsonio, report
+from osfl.config import load_config
 from osfl.errors import ConfigError, DataError
 from osfl.fl.observation import load_observations
 from osfl.privacy.audit import (
@@ -60,8 +61,6 @@ def audit_run_dir(
     """Score ``attacks`` on every recording of ``run_dir``; returns one row per
     (recording, attack), and writes the results into the run's ``metrics.json``
     (each record's ``audit``), ``audit.json`` and ``summary.md``."""
-    from osfl.config import load_config
-
     root = Path(run_dir)
     found = recordings(root)
     if not attacks:

@@ -14,7 +14,9 @@ and keeps its traceback.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +24,8 @@ from typing import Any
 
 from osfl import __version__
 from osfl.errors import ConfigError, OsflError
+from osfl.fl.progress import Progress, RichProgress
+from osfl.fl.regimes import REGIMES, UPLOAD_KINDS
 
 log = logging.getLogger("osfl.cli")
 
@@ -44,6 +48,7 @@ def _split_run_args(items: Sequence[str]) -> tuple[str | None, list[str]]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    # heavy: torch and the whole run stack (osfl.runner); `osfl --help` must not pay for it
     from osfl.runner import RunRequest, run
 
     config, overrides = _split_run_args(args.items)
@@ -79,6 +84,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     records = outcome.records
     _print_scoreboards(console, records, f"{outcome.base.name} — {outcome.base.data.source}")
     if any("audit" in r for r in records):
+        # heavy: torch (osfl.privacy)
         from osfl.privacy.audit import audit_rich_table
 
         table = audit_rich_table(records)
@@ -91,6 +97,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _print_scoreboards(console: Any, records: Sequence[Any], title: str) -> None:
     """One table per regime (numbers of different regimes are never ranked
     together), then the warnings."""
+    # heavy: torch (osfl.report)
     from osfl import report
 
     rows = report.summarize(records)
@@ -106,6 +113,7 @@ def _print_scoreboards(console: Any, records: Sequence[Any], title: str) -> None
 def cmd_table(args: argparse.Namespace) -> int:
     """``osfl table RUN_DIR ...``: one scoreboard per regime from several runs on
     the same clients (refused when their clients differ)."""
+    # heavy: torch (osfl.report, osfl.scoreboard)
     from osfl import report
     from osfl.scoreboard import merge_runs
 
@@ -125,18 +133,22 @@ def cmd_table(args: argparse.Namespace) -> int:
 def _console() -> Any:
     """The terminal console; when output is piped, wide enough that a table's
     columns are never cut (rich would assume 80 columns)."""
+    console = _rich_console()
+    return console if console.is_terminal else _rich_console(width=160)
+
+
+def _rich_console(**kwargs: Any) -> Any:
+    """A ``rich.console.Console``, imported when a command first prints."""
+    # heavy: rich (~25 ms, as much as the rest of this module; `osfl --help` needs none of it)
     from rich.console import Console
 
-    console = Console()
-    return console if console.is_terminal else Console(width=160)
+    return Console(**kwargs)
 
 
 def _progress_board(console: Any, enabled: bool) -> Any:
     """One live progress display for the whole run when the output is a
     terminal (bars of local training, rounds and server phases stack on it);
     the silent board otherwise or with ``--no-progress``."""
-    from osfl.fl.progress import Progress, RichProgress
-
     return RichProgress(console) if enabled and console.is_terminal else Progress()
 
 
@@ -144,8 +156,8 @@ def _progress_board(console: Any, enabled: bool) -> Any:
 def cmd_audit(args: argparse.Namespace) -> int:
     """``osfl audit RUN_DIR --attack rlu ...``: score attacks on a run's recorded
     Observations (docs/privacy.md, "Auditing a run")."""
+    # heavy: omegaconf, torch (osfl.audit_dir, osfl.privacy)
     from omegaconf import OmegaConf
-    from rich.console import Console
 
     from osfl.audit_dir import audit_run_dir
     from osfl.privacy.audit import audit_rich_table, parse_audit
@@ -171,7 +183,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         aux_seed=args.aux_seed,
         device=args.device,
     )
-    console = Console()
+    console = _rich_console()
     table = audit_rich_table(results, title=f"privacy audit — {args.run_dir}")
     if table is not None:
         console.print(table)
@@ -181,7 +193,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- partition
 def cmd_partition(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    # heavy: rich, torch (osfl.data)
     from rich.table import Table
 
     from osfl.data.partition import make_federation
@@ -212,10 +224,11 @@ def cmd_partition(args: argparse.Namespace) -> int:
         n = int(counts.sum())
         share = f"{counts.max() / n:.2f}" if n else "—"
         table.add_row(str(c), str(n), str(int((counts > 0).sum())), share)
-    console = Console()
+    console = _rich_console()
     console.print(table)
     console.print(f"federation written to {path}")
     if args.plot:
+        # heavy: matplotlib
         from osfl.data.plot import plot_class_counts
 
         console.print(
@@ -227,6 +240,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- list
 def registries() -> dict[str, list[str]]:
     """Every registry a user can name in a config, by kind."""
+    # heavy: torch (every registry lives with its layer)
     import osfl.methods  # noqa: F401  (registers the methods)
     from osfl.data.partition import PARTITIONS
     from osfl.data.sources import list_datasets
@@ -262,10 +276,10 @@ def registries() -> dict[str, list[str]]:
 def cmd_list(args: argparse.Namespace) -> int:
     console = _console()
     if args.method:
+        # heavy: torch (osfl.methods, osfl.config)
         import osfl.methods  # noqa: F401  (registers the methods)
         from osfl.config import config_tree
         from osfl.fl.method import METHODS, capabilities_of
-        from osfl.fl.regimes import REGIMES, UPLOAD_KINDS
 
         cls = METHODS.get(args.method)
         card = cls.card
@@ -291,11 +305,8 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     train an encoder on declared upstream data and write it with its model card
     (docs/pretrain.md); ``--disjoint-from RUN.yaml`` refuses upstream data that
     overlaps that run's data before anything trains."""
-    import json
-    import shlex
-
-    from rich.console import Console
-
+    # heavy: torch and the whole pretraining stack; osfl.pretrain.card alone is light,
+    # but at module level it (with hashlib) would add ~4 ms, half again, to `import osfl.cli`
     from osfl.assembly import load_splits
     from osfl.config import load_config
     from osfl.pretrain.card import check_disjoint
@@ -334,7 +345,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         cache_dir=up.cache_dir,
         options=dict(up.options),
     )
-    console = Console()
+    console = _rich_console()
     known = {"upstream": upstream_block(upstream)}
     for task_path in args.disjoint_from or []:  # refuse before anything trains
         task = load_config(task_path)
@@ -497,6 +508,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="make a throwaway CA, server certificate and SuperNode keys for a TLS rehearsal "
         "(docs/flower-security.md)",
     )
+    # heavy: cryptography (~40 ms): importing osfl.cli stays cheap, only the parser needs it
     from osfl.flower.app import certs as certs_tool
 
     certs_tool.add_arguments(certs)
@@ -505,6 +517,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _setup_logging(verbose: int) -> None:
+    # heavy: rich (~25 ms; `osfl --help` exits before logging is set up)
     from rich.logging import RichHandler
 
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG

@@ -239,6 +239,7 @@ def run_experiment(
 def _plot_partition(fed: Any, train: ImageSet, root: Path) -> None:
     """The clients' class-count heat map, one file per distinct federation
     (``partition-seed<seed>-<key>.png``; its title names scheme, parameters, seed)."""
+    # heavy: matplotlib (~0.5 s; only a run that plots its partition needs it)
     from osfl.data.plot import plot_class_counts
 
     path = root / f"partition-seed{fed.seed}-{fed.key()[:10]}.png"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import os
+import platform
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,8 +21,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
+from rich.table import Table
 
-from osfl import jsonio
+from osfl import __version__, jsonio
+from osfl.convergence import link_seconds
 from osfl.errors import DataError
 from osfl.fl.regimes import REGIMES
 from osfl.fl.upload import human_bytes
@@ -34,8 +38,6 @@ def write_metrics(
 ) -> Path:
     """``metrics.json``: ``{"schema_version", "osfl_version", "created", ..info, "records"}``,
     written atomically (runs rewrite it after every finished record)."""
-    from osfl import __version__
-
     doc = {
         "schema_version": SCHEMA_VERSION,
         "osfl_version": __version__,
@@ -57,10 +59,6 @@ def machine_info() -> dict[str, Any]:
     build, the CPU kernel path torch dispatches to (AVX2 and AVX-512 kernels sum
     in different orders, so accuracies differ in the last digits), and torch's
     thread count."""
-    import platform
-
-    import torch
-
     return {
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
@@ -307,8 +305,6 @@ def warning_lines(rows: Sequence[Row]) -> list[str]:
 
 def rich_table(rows: Sequence[Row], title: str = "") -> Any:
     """A ``rich.table.Table`` of the summary, for the terminal."""
-    from rich.table import Table
-
     header, cells = table_rows(rows)
     table = Table(title=title or None)
     for i, h in enumerate(header):
@@ -412,47 +408,80 @@ def plot_curves(
     has a curve. With ``link_mbps``, a second panel puts the same accuracies
     against the total time under that link (:func:`osfl.convergence.link_seconds`,
     mean over seeds)."""
-    from osfl.convergence import link_seconds
-
     groups = _by_method(records, "curve")
     if not groups:
         return None
+    # heavy: matplotlib (only runs that plot pay for it)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
-    timed = link_mbps is not None and all(
-        "seconds" in p and "bytes" in p
-        for recs in groups.values()
-        for r in recs
-        for p in r["curve"]
-    )
+    timed = link_mbps is not None and _all_timed(groups)
     fig = Figure(figsize=(11 if timed else 7, 4.2), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 2 if timed else 1, 1)
     ax_time = fig.add_subplot(1, 2, 2, sharey=ax) if timed else None
     colours = _colours(len(groups))
     for (point, method), recs in groups.items():
-        rounds = sorted({p["round"] for r in recs for p in r["curve"]})
-        table = np.full((len(recs), len(rounds)), np.nan)
-        times = np.full((len(recs), len(rounds)), np.nan)
-        for i, r in enumerate(recs):
-            for p in r["curve"]:
-                table[i, rounds.index(p["round"])] = 100 * p["accuracy"]
-                if timed:
-                    times[i, rounds.index(p["round"])] = link_seconds(p, link_mbps)
-        mean = np.nanmean(table, axis=0)
-        xs = [x + 1 for x in rounds]
         label = f"{method} ({point})" if point else method
         label += f", {len(recs)} seeds" if len(recs) > 1 else ""
-        colour = next(colours)
-        ax.plot(xs, mean, marker="o", markersize=3, color=colour, label=label)
-        if len(recs) > 1:
-            std = np.nanstd(table, axis=0, ddof=1)
-            ax.fill_between(xs, mean - std, mean + std, color=colour, alpha=0.18, linewidth=0)
-        if ax_time is not None:
-            ax_time.plot(np.nanmean(times, axis=0), mean, marker="o", markersize=3, color=colour)
+        _plot_curve(ax, ax_time, recs, label, next(colours), link_mbps)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    _label_curve_axes(ax, ax_time, link_mbps)
+    out = Path(path)
+    fig.savefig(out)
+    return out
+
+
+def _all_timed(groups: Mapping[tuple[str, str], list[Mapping[str, Any]]]) -> bool:
+    """Whether every curve point carries the seconds and bytes the time panel needs."""
+    return all(
+        "seconds" in p and "bytes" in p
+        for recs in groups.values()
+        for r in recs
+        for p in r["curve"]
+    )
+
+
+def _curve_arrays(
+    recs: Sequence[Mapping[str, Any]], link_mbps: float | None
+) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """The rounds (counted from 1), accuracy in % per (seed, round) and, with
+    ``link_mbps``, total seconds under that link; NaN where a seed lacks a
+    round, so means and stds skip it."""
+    rounds = sorted({p["round"] for r in recs for p in r["curve"]})
+    table = np.full((len(recs), len(rounds)), np.nan)
+    times = np.full((len(recs), len(rounds)), np.nan)
+    for i, r in enumerate(recs):
+        for p in r["curve"]:
+            table[i, rounds.index(p["round"])] = 100 * p["accuracy"]
+            if link_mbps is not None:
+                times[i, rounds.index(p["round"])] = link_seconds(p, link_mbps)
+    return [x + 1 for x in rounds], table, times
+
+
+def _plot_curve(
+    ax: Any,
+    ax_time: Any,
+    recs: Sequence[Mapping[str, Any]],
+    label: str,
+    colour: Any,
+    link_mbps: float | None,
+) -> None:
+    """One (grid point, method): its mean accuracy per round, a ± std band over
+    several seeds, and the same means against time on ``ax_time`` if given."""
+    xs, table, times = _curve_arrays(recs, link_mbps if ax_time is not None else None)
+    mean = np.nanmean(table, axis=0)
+    ax.plot(xs, mean, marker="o", markersize=3, color=colour, label=label)
+    if len(recs) > 1:
+        std = np.nanstd(table, axis=0, ddof=1)
+        ax.fill_between(xs, mean - std, mean + std, color=colour, alpha=0.18, linewidth=0)
+    if ax_time is not None:
+        ax_time.plot(np.nanmean(times, axis=0), mean, marker="o", markersize=3, color=colour)
+
+
+def _label_curve_axes(ax: Any, ax_time: Any, link_mbps: float | None) -> None:
+    """Axis labels, titles and grids; one legend, right of the last panel."""
     ax.set_xlabel("round")
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("Test accuracy per round (mean ± std over seeds)", fontsize=10)
@@ -465,9 +494,6 @@ def plot_curves(
     (ax_time or ax).legend(
         handles, labels, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0
     )
-    out = Path(path)
-    fig.savefig(out)
-    return out
 
 
 def plot_frontier(records: Sequence[Mapping[str, Any]], path: str | Path) -> Path | None:
@@ -481,8 +507,10 @@ def plot_frontier(records: Sequence[Mapping[str, Any]], path: str | Path) -> Pat
             groups.setdefault((str(r.get("point", "")), str(r["method"])), []).append(r)
     if len({m for _, m in groups}) < 2:
         return None
+    # heavy: matplotlib (only runs that plot pay for it)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import FuncFormatter
 
     fig = Figure(figsize=(7, 4.2), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
@@ -496,8 +524,6 @@ def plot_frontier(records: Sequence[Mapping[str, Any]], path: str | Path) -> Pat
         marker = markers.get(str(recs[0].get("regime")), "x")
         ax.scatter([sent], [acc], marker=marker, color=next(colours), label=label, s=36)
     ax.set_xscale("log")
-    from matplotlib.ticker import FuncFormatter
-
     ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human_bytes(v)))
     ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     ax.set_xlabel("bytes up + down, all clients (log scale)")
@@ -512,6 +538,7 @@ def plot_frontier(records: Sequence[Mapping[str, Any]], path: str | Path) -> Pat
 
 def _colours(n: int) -> Any:
     """Distinct colours for ``n`` lines (tab10, then tab20, then a colormap sweep)."""
+    # heavy: matplotlib (only runs that plot pay for it)
     from matplotlib import colormaps
 
     if n <= 10:

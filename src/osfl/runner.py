@@ -33,6 +33,7 @@ from osfl.config import (
 from osfl.errors import ConfigError, DataError
 from osfl.experiment import Plan, execute_plan, plan_experiment
 from osfl.fl.progress import Progress
+from osfl.privacy.audit import audit_markdown
 from osfl.rundir import RunDir
 
 
@@ -168,8 +169,6 @@ def write_summary(rd: RunDir, outcome: RunOutcome) -> None:
     rows = report.summarize(records)
     summary = report.summary_markdown(rows, title=f"osfl run: {base.name}", notes=notes)
     if any("audit" in r for r in records):  # privacy audits (audit=[rlu, ...]): their own table
-        from osfl.privacy.audit import audit_markdown
-
         summary = summary.rstrip() + "\n\n" + audit_markdown(records)
     costs = report.convergence_markdown(records)
     if costs:

@@ -14,6 +14,7 @@ named. See :mod:`osfl.fl.runtime.sites`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from osfl import assembly
@@ -78,8 +79,6 @@ def site_run(cfg: ExperimentConfig, seed: int, progress: Progress | None = None)
 
 def _load(cfg: ExperimentConfig, spec: str, classes: tuple[str, ...], where: str) -> DataSplits:
     """``spec`` loaded with the config's image options, relabelled onto ``classes``."""
-    from dataclasses import replace
-
     # all of the site's classes are loaded, so that a foreign one is refused, not dropped
     data_cfg = replace(cfg, data=replace(cfg.data, source=spec, classes=None))
     return align_classes(assembly.load_splits(data_cfg), classes, where)

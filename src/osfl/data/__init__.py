@@ -63,8 +63,8 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # matplotlib is imported only when a plot is asked for (keeps `import osfl.data` fast).
     if name == "plot_class_counts":
+        # heavy: matplotlib (imported only when a plot is asked for; keeps `import osfl.data` fast)
         from osfl.data.plot import plot_class_counts
 
         return plot_class_counts

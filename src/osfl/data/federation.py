@@ -17,7 +17,7 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -269,57 +269,9 @@ class Federation:
         def bad(msg: str) -> DataError:
             return DataError(f"{source}: {msg}; re-create it with make_federation")
 
-        if not isinstance(d, dict):
-            raise bad("not a JSON object")
-        if d.get("format") != FORMAT or d.get("version") != FORMAT_VERSION:
-            raise bad(f"not an {FORMAT} v{FORMAT_VERSION} file")
-        req = {
-            "scheme": str,
-            "params": dict,
-            "seed": int,
-            "num_clients": int,
-            "num_classes": int,
-            "num_samples": int,
-            "data_fingerprint": str,
-            "client_indices": list,
-            "class_counts": list,
-            "key": str,
-        }
-        for name, typ in req.items():
-            v = d.get(name)
-            if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
-                raise bad(f"field {name!r} missing or not a {typ.__name__}")
-        if any(
-            not -(2**62) < d[f] < 2**62
-            for f in ("seed", "num_clients", "num_classes", "num_samples")
-        ):
-            raise bad("an integer field is out of range")
-        idx = []
-        for c, a in enumerate(d["client_indices"]):
-            if not isinstance(a, list) or not all(
-                isinstance(i, int) and not isinstance(i, bool) for i in a
-            ):
-                raise bad(f"client_indices[{c}] is not a list of integers")
-            try:
-                idx.append(np.array(a, dtype=np.int64))
-            except OverflowError:
-                raise bad(f"client_indices[{c}] holds an out-of-range integer") from None
-        counts = d["class_counts"]
-        if (
-            not all(
-                isinstance(r, list)
-                and all(isinstance(x, int) and not isinstance(x, bool) for x in r)
-                for r in counts
-            )
-            or len({len(r) for r in counts}) > 1
-        ):
-            raise bad("class_counts is not a rectangular list of integers")
-        if not counts:
-            raise bad("class_counts is empty (a federation has at least one client)")
-        try:
-            counts_arr = np.array(counts, dtype=np.int64)
-        except OverflowError:
-            raise bad("class_counts holds an out-of-range integer") from None
+        _check_fields(d, bad)
+        idx = _client_indices(d["client_indices"], bad)
+        counts_arr = _class_counts(d["class_counts"], bad)
         try:
             fed = cls(
                 scheme=d["scheme"],
@@ -353,6 +305,70 @@ class Federation:
                 f"{path}: not valid JSON ({e}); re-create it with make_federation"
             ) from None
         return cls.from_dict(d, source=str(path))
+
+
+#: The fields of a federation file and their JSON types.
+_FIELDS: dict[str, type] = {
+    "scheme": str,
+    "params": dict,
+    "seed": int,
+    "num_clients": int,
+    "num_classes": int,
+    "num_samples": int,
+    "data_fingerprint": str,
+    "client_indices": list,
+    "class_counts": list,
+    "key": str,
+}
+
+
+def _is_int(x: Any) -> bool:
+    """A JSON integer (``true`` is a bool to JSON, not 1)."""
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _check_fields(d: Any, bad: Callable[[str], DataError]) -> None:
+    """The file is this format's, every field present with its JSON type, the
+    integers small enough for int64 arithmetic."""
+    if not isinstance(d, dict):
+        raise bad("not a JSON object")
+    if d.get("format") != FORMAT or d.get("version") != FORMAT_VERSION:
+        raise bad(f"not an {FORMAT} v{FORMAT_VERSION} file")
+    for name, typ in _FIELDS.items():
+        v = d.get(name)
+        if not isinstance(v, typ) or (typ is int and isinstance(v, bool)):
+            raise bad(f"field {name!r} missing or not a {typ.__name__}")
+    if any(
+        not -(2**62) < d[f] < 2**62 for f in ("seed", "num_clients", "num_classes", "num_samples")
+    ):
+        raise bad("an integer field is out of range")
+
+
+def _client_indices(rows: list[Any], bad: Callable[[str], DataError]) -> list[np.ndarray]:
+    """Each client's index list as int64 (their ranges and disjointness are
+    checked by :func:`_check_consistent`)."""
+    idx = []
+    for c, a in enumerate(rows):
+        if not isinstance(a, list) or not all(_is_int(i) for i in a):
+            raise bad(f"client_indices[{c}] is not a list of integers")
+        try:
+            idx.append(np.array(a, dtype=np.int64))
+        except OverflowError:
+            raise bad(f"client_indices[{c}] holds an out-of-range integer") from None
+    return idx
+
+
+def _class_counts(counts: list[Any], bad: Callable[[str], DataError]) -> np.ndarray:
+    """The (clients, classes) count matrix as int64: rectangular, non-empty."""
+    rows_ok = all(isinstance(r, list) and all(_is_int(x) for x in r) for r in counts)
+    if not rows_ok or len({len(r) for r in counts}) > 1:
+        raise bad("class_counts is not a rectangular list of integers")
+    if not counts:
+        raise bad("class_counts is empty (a federation has at least one client)")
+    try:
+        return np.array(counts, dtype=np.int64)
+    except OverflowError:
+        raise bad("class_counts holds an out-of-range integer") from None
 
 
 def _check_consistent(fed: Federation) -> None:

@@ -106,6 +106,7 @@ def _table(data: PartitionData, shuffle_seed: int | None) -> datasets.Dataset:
     samples; permuting the arrays, not ``Dataset.shuffle``, avoids an indices
     mapping that makes every later column read slow.
     """
+    # heavy: datasets (~1.5 s; only a partition that runs needs it)
     import datasets
 
     n = data.num_samples
@@ -178,6 +179,7 @@ def _check_min_size(num_samples: int, num_parts: int, min_size: int, where: str 
 def _dirichlet(
     table: datasets.Dataset, num_parts: int, alpha: float, min_size: int, balance: bool, seed: int
 ) -> list[np.ndarray]:
+    # heavy: flwr_datasets (imports datasets, ~2 s)
     from flwr_datasets.partitioner import DirichletPartitioner
 
     p = DirichletPartitioner(
@@ -203,6 +205,7 @@ class Iid(Scheme):
     """Uniformly random, equal-size clients (sizes differ by at most one)."""
 
     def split(self, data: PartitionData, num_clients: int, seed: int) -> list[np.ndarray]:
+        # heavy: flwr_datasets (imports datasets, ~2 s)
         from flwr_datasets.partitioner import IidPartitioner
 
         table = _table(data, _seeds(seed, 1)[0])
@@ -281,6 +284,7 @@ class Pathological(Scheme):
             )
 
     def split(self, data: PartitionData, num_clients: int, seed: int) -> list[np.ndarray]:
+        # heavy: flwr_datasets (imports datasets, ~2 s)
         from flwr_datasets.partitioner import PathologicalPartitioner
 
         shuffle_seed, part_seed = _seeds(seed, 2)
@@ -364,6 +368,7 @@ class NaturalId(Scheme):
                 _check_min_size(int(n), cpd, self.min_partition_size, f"domain {int(d)}")
 
     def split(self, data: PartitionData, num_clients: int, seed: int) -> list[np.ndarray]:
+        # heavy: flwr_datasets (imports datasets, ~2 s)
         from flwr_datasets.partitioner import NaturalIdPartitioner
 
         doms, cpd = self._per_domain(data, num_clients)
@@ -417,6 +422,7 @@ class QuantitySkew(Scheme):
         return [int(s) + self.min_partition_size for s in base]
 
     def split(self, data: PartitionData, num_clients: int, seed: int) -> list[np.ndarray]:
+        # heavy: flwr_datasets (imports datasets, ~2 s)
         from flwr_datasets.partitioner import SizePartitioner
 
         shuffle_seed, size_seed = _seeds(seed, 2)

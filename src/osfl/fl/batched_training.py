@@ -33,7 +33,7 @@ one for all). :func:`batchable` says why not otherwise.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -145,6 +145,71 @@ def _clip_per_client(params: Sequence[torch.Tensor], max_norm: float) -> None:
         g.mul_(scale.view(-1, *([1] * (g.ndim - 1))))
 
 
+@dataclass
+class _Stack:
+    """N copies of one model's parameters and buffers along a new leading
+    dimension, and the vmapped forward that runs any group of them at once."""
+
+    params: dict[str, torch.Tensor]
+    buffers: dict[str, torch.Tensor]
+    keys: list[str]  # persistent entries, in the order loaders expect
+    trainable: list[torch.Tensor]
+    n: int
+    device: torch.device
+    vmapped: Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
+
+    @classmethod
+    def of(cls, model: nn.Module, n: int, device: torch.device) -> _Stack:
+        """Stack ``n`` copies of ``model``'s current weights (already on ``device``)."""
+        params = {
+            k: v.detach().unsqueeze(0).repeat(n, *([1] * v.ndim)).requires_grad_(v.requires_grad)
+            for k, v in model.named_parameters()
+        }
+        buffers = {
+            k: v.detach().unsqueeze(0).repeat(n, *([1] * v.ndim)) for k, v in model.named_buffers()
+        }
+
+        def forward(p: dict, b: dict, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
+            b = dict(b)  # BatchNorm updates its running statistics in place: return them
+            out = functional_call(model, (p, b), (x,))
+            return out, b
+
+        return cls(
+            params=params,
+            buffers=buffers,
+            keys=list(model.state_dict()),
+            trainable=[p for p in params.values() if p.requires_grad],
+            n=n,
+            device=device,
+            vmapped=vmap(forward),
+        )
+
+    def forward(self, members: list[int], x: torch.Tensor) -> torch.Tensor:
+        """Logits of the clients ``members`` on their stacked batches ``x``.
+
+        A group short of the whole federation runs on a selected copy of the
+        stack, so its BatchNorm statistics are written back into the stack."""
+        whole = len(members) == self.n
+        index = None if whole else torch.tensor(members, device=self.device)
+        p = self.params if whole else {k: v.index_select(0, index) for k, v in self.params.items()}
+        b = (
+            self.buffers
+            if whole
+            else {k: v.index_select(0, index) for k, v in self.buffers.items()}
+        )
+        logits, new_buffers = self.vmapped(p, b, x)
+        with torch.no_grad():
+            for k, v in new_buffers.items():
+                if v.data_ptr() != self.buffers[k].data_ptr():  # a whole group updated in place
+                    self.buffers[k].index_copy_(0, index, v)
+        return logits
+
+    def state_of(self, i: int) -> dict[str, torch.Tensor]:
+        """Client ``i``'s state dict, copied out of the stack."""
+        stacked = {**self.params, **self.buffers}
+        return {k: stacked[k][i].detach().clone() for k in self.keys}
+
+
 def train_batched(
     model: nn.Module,
     datas: Sequence[ImageSet],
@@ -162,85 +227,118 @@ def train_batched(
     """
     device = torch.device(device)
     sizes = [len(d) for d in datas]
-    why = batchable(model, cfg, sizes)
-    if why is not None:
-        raise ConfigError(f"clients cannot train batched: {why}")
-    if len(generators) != len(datas):
-        raise ConfigError(f"{len(datas)} data sets but {len(generators)} generators")
+    _refuse_unbatchable(model, cfg, sizes, len(generators))
     n = len(datas)
-    model = model.to(device).train()
-    params = {
-        k: v.detach().unsqueeze(0).repeat(n, *([1] * v.ndim)).requires_grad_(v.requires_grad)
-        for k, v in model.named_parameters()
-    }
-    buffers = {
-        k: v.detach().unsqueeze(0).repeat(n, *([1] * v.ndim)) for k, v in model.named_buffers()
-    }
-    keys = list(model.state_dict())  # persistent entries, in the order loaders expect
-    trainable = [p for p in params.values() if p.requires_grad]
+    stack = _Stack.of(model.to(device).train(), n, device)
     totals = [cfg.total_steps(s) for s in sizes]
-    optimizer = build_optimizer(trainable, cfg)
+    optimizer = build_optimizer(stack.trainable, cfg)
     schedule = None if is_constant_schedule(cfg) else build_schedule(optimizer, cfg, totals[0])
-    streams = [
-        _client_batches(d, cfg, g, device, t)
-        for d, g, t in zip(datas, generators, totals, strict=True)
-    ]
-    per_epoch = [min(cfg.batches_per_epoch(s), t) for s, t in zip(sizes, totals, strict=True)]
-    tallies = [_ClientTally(t, e, device) for t, e in zip(totals, per_epoch, strict=True)]
-
-    def forward(p: dict, b: dict, x: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        b = dict(b)  # BatchNorm updates its running statistics in place: return them
-        out = functional_call(model, (p, b), (x,))
-        return out, b
-
-    batched_forward = vmap(forward)
+    streams, tallies = _client_streams(datas, generators, cfg, device, totals)
     results: dict[int, BatchedResult] = {}
     start = time.perf_counter()
     for step in range(max(totals)):
         active = [i for i in range(n) if step < totals[i]]
-        groups: dict[int, list[int]] = {}
-        batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        for i in active:
-            xb, yb = next(streams[i])
-            x = transform(xb, generators[i]) if transform is not None else xb.float() / 255
-            batches[i] = (x, yb)
-            groups.setdefault(yb.shape[0], []).append(i)
-        loss = torch.zeros((), device=device)
-        for members in groups.values():
-            whole = len(members) == n
-            index = None if whole else torch.tensor(members, device=device)
-            p = params if whole else {k: v.index_select(0, index) for k, v in params.items()}
-            b = buffers if whole else {k: v.index_select(0, index) for k, v in buffers.items()}
-            x = torch.stack([batches[i][0] for i in members])
-            y = torch.stack([batches[i][1] for i in members])
-            logits, new_buffers = batched_forward(p, b, x)
-            with torch.no_grad():
-                for k, v in new_buffers.items():
-                    if v.data_ptr() != buffers[k].data_ptr():  # a whole group updated in place
-                        buffers[k].index_copy_(0, index, v)
-            per_client = (
-                F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
-                .view(len(members), -1)
-                .mean(1)
-            )
-            loss = loss + per_client.sum()
-            for j, i in enumerate(members):
-                tallies[i].add(step, per_client[j].detach(), logits[j].detach(), batches[i][1])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.grad_clip is not None:
-            _clip_per_client(trainable, cfg.grad_clip)
-        optimizer.step()
-        if schedule is not None:
-            schedule.step()
+        batches = _draw(active, streams, generators, transform)
+        loss = _step_loss(stack, batches, tallies, step)
+        _update(optimizer, schedule, loss, stack.trainable, cfg.grad_clip)
         for i in active:
             if step + 1 == totals[i]:
-                stacked = {**params, **buffers}
-                state = {k: stacked[k][i].detach().clone() for k in keys}
                 epochs = totals[i] / max(cfg.batches_per_epoch(sizes[i]), 1)
                 results[i] = BatchedResult(
-                    state=state,
+                    state=stack.state_of(i),
                     stats=tallies[i].stats(epochs, time.perf_counter() - start),
                     step_labels=tallies[i].labels,
                 )
     return [results[i] for i in range(n)]
+
+
+def _refuse_unbatchable(
+    model: nn.Module, cfg: TrainConfig, sizes: Sequence[int], n_generators: int
+) -> None:
+    """A :class:`ConfigError` before any work when :func:`batchable` says no or
+    a client has no generator."""
+    why = batchable(model, cfg, sizes)
+    if why is not None:
+        raise ConfigError(f"clients cannot train batched: {why}")
+    if n_generators != len(sizes):
+        raise ConfigError(f"{len(sizes)} data sets but {n_generators} generators")
+
+
+def _client_streams(
+    datas: Sequence[ImageSet],
+    generators: Sequence[torch.Generator],
+    cfg: TrainConfig,
+    device: torch.device,
+    totals: Sequence[int],
+) -> tuple[list[Iterator[tuple[torch.Tensor, torch.Tensor]]], list[_ClientTally]]:
+    """Each client's batch stream (its own loader and generator, as in its
+    sequential run) and the tally that keeps its statistics."""
+    streams = [
+        _client_batches(d, cfg, g, device, t)
+        for d, g, t in zip(datas, generators, totals, strict=True)
+    ]
+    sizes = [len(d) for d in datas]
+    per_epoch = [min(cfg.batches_per_epoch(s), t) for s, t in zip(sizes, totals, strict=True)]
+    tallies = [_ClientTally(t, e, device) for t, e in zip(totals, per_epoch, strict=True)]
+    return streams, tallies
+
+
+def _draw(
+    active: list[int],
+    streams: Sequence[Iterator[tuple[torch.Tensor, torch.Tensor]]],
+    generators: Sequence[torch.Generator],
+    transform: Transform | None,
+) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """Each active client's next (augmented input, label) batch, drawn client
+    by client so every generator advances as in its sequential run."""
+    batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for i in active:
+        xb, yb = next(streams[i])
+        x = transform(xb, generators[i]) if transform is not None else xb.float() / 255
+        batches[i] = (x, yb)
+    return batches
+
+
+def _step_loss(
+    stack: _Stack,
+    batches: dict[int, tuple[torch.Tensor, torch.Tensor]],
+    tallies: Sequence[_ClientTally],
+    step: int,
+) -> torch.Tensor:
+    """The sum over clients of each one's mean cross-entropy (its gradient is
+    each client's own), run as one vmap group per batch size so no client's
+    BatchNorm sees padding; each client's tally records its loss."""
+    groups: dict[int, list[int]] = {}
+    for i, (_, yb) in batches.items():
+        groups.setdefault(yb.shape[0], []).append(i)
+    loss = torch.zeros((), device=stack.device)
+    for members in groups.values():
+        x = torch.stack([batches[i][0] for i in members])
+        y = torch.stack([batches[i][1] for i in members])
+        logits = stack.forward(members, x)
+        per_client = (
+            F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="none")
+            .view(len(members), -1)
+            .mean(1)
+        )
+        loss = loss + per_client.sum()
+        for j, i in enumerate(members):
+            tallies[i].add(step, per_client[j].detach(), logits[j].detach(), batches[i][1])
+    return loss
+
+
+def _update(
+    optimizer: torch.optim.Optimizer,
+    schedule: torch.optim.lr_scheduler.LRScheduler | None,
+    loss: torch.Tensor,
+    trainable: Sequence[torch.Tensor],
+    grad_clip: float | None,
+) -> None:
+    """One optimizer (and schedule) step on the stacked parameters, clipped per client."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    if grad_clip is not None:
+        _clip_per_client(trainable, grad_clip)
+    optimizer.step()
+    if schedule is not None:
+        schedule.step()

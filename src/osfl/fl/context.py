@@ -28,6 +28,7 @@ from osfl.fl.secagg_config import SecAggPlusConfig
 from osfl.fl.seeds import derive_seed
 from osfl.fl.server_config import ServerConfig
 from osfl.fl.upload import Message
+from osfl.models import create_model
 
 if TYPE_CHECKING:
     from osfl.data.transforms import Transform
@@ -56,16 +57,12 @@ class ModelSpec:
     weights_sha256: str | None = None
 
     def build(self, num_classes: int) -> nn.Module:
-        from osfl.models import create_model
-
         return create_model(self.name, num_classes=num_classes, **dict(self.kwargs))
 
     def build_meta(self, num_classes: int) -> nn.Module:
         """The model on the ``meta`` device: its structure (types, shapes, names)
         without allocating or initialising weights (nor reading a checkpoint),
         for checks."""
-        from osfl.models import create_model
-
         kwargs = {k: v for k, v in self.kwargs.items() if k != "pretrained"}
         with torch.device("meta"):
             return create_model(self.name, num_classes=num_classes, **kwargs)

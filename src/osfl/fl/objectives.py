@@ -31,6 +31,7 @@ cache's hash of the initial model, not by ``key()``.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -158,8 +159,6 @@ def _paired(
 
 def _digest(*states: Mapping[str, torch.Tensor] | None) -> str:
     """Content hash of some named tensors (cache keys of per-round scheme state)."""
-    import hashlib
-
     h = hashlib.sha256()
     for state in states:
         if state is None:

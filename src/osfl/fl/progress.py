@@ -83,6 +83,7 @@ class RichProgress(Progress):
     enabled = True
 
     def __init__(self, console: Any = None):
+        # heavy: rich.progress (~50 ms; keeps osfl.fl.progress light for the CLI)
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,

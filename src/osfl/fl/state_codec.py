@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import torch
@@ -92,41 +92,70 @@ def encode_state(state: Any) -> tuple[dict[str, torch.Tensor], Any]:
 def decode_state(tensors: Mapping[str, torch.Tensor], skeleton: Any) -> Any:
     """The inverse of :func:`encode_state`; anything it does not recognise is
     a :class:`DataError`."""
+    return _Decoder(tensors)(skeleton)
 
-    def dec(x: Any) -> Any:
+
+@dataclasses.dataclass(frozen=True)
+class _Decoder:
+    """Rebuilds a skeleton node by node against its ``tensors``: a tagged node
+    goes to its tag's step in :data:`_TAGS`, anything else is refused."""
+
+    tensors: Mapping[str, torch.Tensor]
+
+    def __call__(self, x: Any) -> Any:
         if x is None or isinstance(x, bool | int | float | str):
             return x
         if isinstance(x, list):
             raise DataError("saved state: a bare list in the skeleton")
         if not isinstance(x, dict) or len(x) not in (1, 2):
             raise DataError(f"saved state: unrecognised node {str(x)[:80]}")
-        if "$t" in x:
-            if x["$t"] not in tensors:
-                raise DataError(f"saved state: tensor {x['$t']!r} is missing")
-            return tensors[x["$t"]]
-        if "$f" in x:
-            if x["$f"] not in ("nan", "inf", "-inf"):
-                raise DataError(f"saved state: bad float {x['$f']!r}")
-            return float(x["$f"])
-        if "$map" in x:
-            return {dec(k): dec(v) for k, v in _pairs(x["$map"])}
-        if "$list" in x:
-            return [dec(v) for v in _items(x["$list"])]
-        if "$tuple" in x:
-            return tuple(dec(v) for v in _items(x["$tuple"]))
-        if "$dc" in x:
-            if x["$dc"] not in STATE_TYPES:
-                raise DataError(f"saved state: unknown state type {x['$dc']!r}")
-            fields = x.get("fields")
-            if not isinstance(fields, dict):
-                raise DataError("saved state: a dataclass without fields")
-            try:
-                return STATE_TYPES.get(x["$dc"])(**{k: dec(v) for k, v in fields.items()})
-            except TypeError as e:
-                raise DataError(f"saved state: {x['$dc']}: {e}") from e
-        raise DataError(f"saved state: unrecognised node {str(x)[:80]}")
+        tag = next((t for t in _TAGS if t in x), None)
+        if tag is None:
+            raise DataError(f"saved state: unrecognised node {str(x)[:80]}")
+        return _TAGS[tag](self, x)
 
-    return dec(skeleton)
+    def tensor(self, x: dict[str, Any]) -> torch.Tensor:
+        if x["$t"] not in self.tensors:
+            raise DataError(f"saved state: tensor {x['$t']!r} is missing")
+        return self.tensors[x["$t"]]
+
+    def special_float(self, x: dict[str, Any]) -> float:
+        """NaN and the infinities, which JSON cannot hold."""
+        if x["$f"] not in ("nan", "inf", "-inf"):
+            raise DataError(f"saved state: bad float {x['$f']!r}")
+        return float(x["$f"])
+
+    def mapping(self, x: dict[str, Any]) -> dict[Any, Any]:
+        return {self(k): self(v) for k, v in _pairs(x["$map"])}
+
+    def list_(self, x: dict[str, Any]) -> list[Any]:
+        return [self(v) for v in _items(x["$list"])]
+
+    def tuple_(self, x: dict[str, Any]) -> tuple[Any, ...]:
+        return tuple(self(v) for v in _items(x["$tuple"]))
+
+    def state_dataclass(self, x: dict[str, Any]) -> Any:
+        """Only a type registered in :data:`STATE_TYPES`: the bytes never name code."""
+        if x["$dc"] not in STATE_TYPES:
+            raise DataError(f"saved state: unknown state type {x['$dc']!r}")
+        fields = x.get("fields")
+        if not isinstance(fields, dict):
+            raise DataError("saved state: a dataclass without fields")
+        try:
+            return STATE_TYPES.get(x["$dc"])(**{k: self(v) for k, v in fields.items()})
+        except TypeError as e:
+            raise DataError(f"saved state: {x['$dc']}: {e}") from e
+
+
+#: Skeleton tag -> the step that decodes its node, in the order a node's tags are tried.
+_TAGS: dict[str, Callable[[_Decoder, dict[str, Any]], Any]] = {
+    "$t": _Decoder.tensor,
+    "$f": _Decoder.special_float,
+    "$map": _Decoder.mapping,
+    "$list": _Decoder.list_,
+    "$tuple": _Decoder.tuple_,
+    "$dc": _Decoder.state_dataclass,
+}
 
 
 def _items(x: Any) -> list[Any]:

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from osfl.data.loader import BatchIterator
 from osfl.errors import DataError
 from osfl.fl.objectives import ObjectiveTerm
 from osfl.fl.optim import build_optimizer, build_schedule, is_constant_schedule
@@ -39,7 +40,6 @@ from osfl.fl.train_config import TrainConfig
 
 if TYPE_CHECKING:
     from osfl.data.imageset import ImageSet
-    from osfl.data.loader import BatchIterator
     from osfl.data.transforms import Transform
     from osfl.fl.context import RunContext
 
@@ -240,8 +240,6 @@ class _Stepper:
 def _loader(
     data: ImageSet, cfg: TrainConfig, generator: torch.Generator, device: torch.device
 ) -> BatchIterator:
-    from osfl.data.loader import BatchIterator
-
     if len(data) == 0:
         raise DataError("cannot train on an empty client data set")
     loader = BatchIterator(

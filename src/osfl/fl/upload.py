@@ -104,6 +104,33 @@ class TensorSpec:
     low: float | None = None
     high: float | None = None
 
+    def problem(self, tensor: Any, meta: Mapping[str, Any]) -> str | None:
+        """Why ``tensor`` does not fit (``None`` when it does); ``meta`` (already
+        validated) sizes the dimensions tied to it. The cheap checks come first:
+        a wrong dtype or shape is refused before its values are scanned."""
+        if not isinstance(tensor, torch.Tensor):
+            return f"not a tensor: {type(tensor).__name__}"
+        if self.dtype is not None and tensor.dtype != self.dtype:
+            return f"dtype {tensor.dtype}, expected {self.dtype}"
+        if self.shape is not None:
+            want = tuple(_dim(d, meta) for d in self.shape)
+            ok = len(want) == tensor.ndim and all(
+                e is None or e == s for e, s in zip(want, tensor.shape, strict=False)
+            )
+            if not ok:
+                return f"shape {tuple(tensor.shape)}, expected {want}"
+        return self.value_problem(tensor)
+
+    def value_problem(self, tensor: torch.Tensor) -> str | None:
+        """NaN/Inf and values outside ``[low, high]``: the checks that read every value."""
+        if self.finite and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return "contains NaN or Inf"
+        if self.low is not None and tensor.numel() and bool((tensor < self.low).any()):
+            return f"values below {self.low}"
+        if self.high is not None and tensor.numel() and bool((tensor > self.high).any()):
+            return f"values above {self.high}"
+        return None
+
 
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
@@ -227,6 +254,17 @@ def validate(message: Message, spec: UploadSpec, *, client: int | str | None = N
     the refusal and go on with the other clients.
     """
     spec = spec.resolve(message.meta, client=client)
+    _check_names(message, spec, client)
+    _check_meta(message, spec, client)
+    for name, tensor in message.tensors.items():
+        ts = spec.tensors.get(name) or spec.optional.get(name)
+        why = None if ts is None else ts.problem(tensor, message.meta)
+        if why is not None:
+            raise UploadError(why, client=client, field=name)
+
+
+def _check_names(message: Message, spec: UploadSpec, client: int | str | None) -> None:
+    """Every required tensor present, no unknown one unless the spec admits extras."""
     names = set(message.tensors)
     missing = sorted(set(spec.tensors) - names)
     if missing:
@@ -235,6 +273,11 @@ def validate(message: Message, spec: UploadSpec, *, client: int | str | None = N
     extra = sorted(names - known)
     if extra and not spec.allow_extra:
         raise UploadError(f"unexpected {_some(extra)}", client=client, field=extra[0])
+
+
+def _check_meta(message: Message, spec: UploadSpec, client: int | str | None) -> None:
+    """Exactly the spec's metadata keys, each value fitting its :class:`MetaSpec`
+    (checked before the tensors, whose shapes may depend on it)."""
     extra_meta = sorted(set(message.meta) - set(spec.meta))
     if extra_meta:
         raise UploadError("unexpected metadata key", client=client, field=f"meta.{extra_meta[0]}")
@@ -244,31 +287,6 @@ def validate(message: Message, spec: UploadSpec, *, client: int | str | None = N
         why = ms.problem(message.meta[key], message.meta)
         if why is not None:
             raise UploadError(why, client=client, field=f"meta.{key}")
-    for name, tensor in message.tensors.items():
-        ts = spec.tensors.get(name) or spec.optional.get(name)
-        if ts is None:
-            continue
-        if not isinstance(tensor, torch.Tensor):
-            raise UploadError(f"not a tensor: {type(tensor).__name__}", client=client, field=name)
-        if ts.dtype is not None and tensor.dtype != ts.dtype:
-            raise UploadError(
-                f"dtype {tensor.dtype}, expected {ts.dtype}", client=client, field=name
-            )
-        if ts.shape is not None:
-            want = tuple(_dim(d, message.meta) for d in ts.shape)
-            ok = len(want) == tensor.ndim and all(
-                e is None or e == s for e, s in zip(want, tensor.shape, strict=False)
-            )
-            if not ok:
-                raise UploadError(
-                    f"shape {tuple(tensor.shape)}, expected {want}", client=client, field=name
-                )
-        if ts.finite and tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-            raise UploadError("contains NaN or Inf", client=client, field=name)
-        if ts.low is not None and tensor.numel() and bool((tensor < ts.low).any()):
-            raise UploadError(f"values below {ts.low}", client=client, field=name)
-        if ts.high is not None and tensor.numel() and bool((tensor > ts.high).any()):
-            raise UploadError(f"values above {ts.high}", client=client, field=name)
 
 
 def _dim(d: Dim, meta: Mapping[str, Any]) -> int | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, is_dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -25,6 +26,7 @@ import torch
 from torch import nn
 
 from osfl.data.imageset import ImageSet
+from osfl.errors import UploadError
 from osfl.fl.aggregators import aggregate_states, weighted_mean
 from osfl.fl.client_training import train_client
 from osfl.fl.context import ClientContext, RunContext, SharedTraining
@@ -107,8 +109,6 @@ def sample_counts(uploads: Mapping[int, Upload]) -> dict[int, int]:
         else:
             log.warning("client %s: meta.num_samples=%r is not a positive integer; dropped", c, n)
     if not counts:
-        from osfl.errors import UploadError
-
         raise UploadError("no upload carries a valid meta.num_samples", field="meta.num_samples")
     return counts
 
@@ -147,8 +147,6 @@ class ModelPredictor(Predictor):
 
 def public_fl_hparams(name: str, config: Any) -> dict[str, Any]:
     """The FL scheme a server announces (part of an Observation's hparams)."""
-    from dataclasses import asdict, is_dataclass
-
     return {"scheme": name, **(asdict(config) if is_dataclass(config) else {})}
 
 

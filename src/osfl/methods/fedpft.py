@@ -110,6 +110,7 @@ def fit_class_gmm(
     n = features.shape[0]
     if n == 1:
         return np.concatenate([[1.0], features[0], single_variance])[None]
+    # heavy: scikit-learn (~1 s; only FedPFT's client fit needs it)
     from sklearn.exceptions import ConvergenceWarning
     from sklearn.mixture import GaussianMixture
 

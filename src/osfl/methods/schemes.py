@@ -54,6 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from osfl.data.imageset import ImageSet
+from osfl.data.loader import BatchIterator
 from osfl.fl.context import ClientContext, ClientState
 from osfl.fl.method import AuditHistory, KeepsClientState, MethodCard, Predictor
 from osfl.fl.state_codec import state_type
@@ -126,8 +127,6 @@ def full_gradient(
 ) -> StateDict:
     """Mean cross-entropy gradient over all of ``data`` at ``model``'s weights
     (SCAFFOLD option I: ``c_i+ = g_i(x)``), per trainable parameter, on CPU."""
-    from osfl.data.loader import BatchIterator
-
     model = model.to(device).train()
     loader = BatchIterator(data.images, data.labels, cfg.batch_size, shuffle=False, device=device)
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}

@@ -70,7 +70,7 @@ def parse_hub_id(spec: str) -> HubId:
 def _hf_hub_download(repo_id: str, filename: str, revision: str | None) -> str:
     """``huggingface_hub.hf_hub_download``, imported only now (optional dependency)."""
     try:
-        from huggingface_hub import hf_hub_download
+        from huggingface_hub import hf_hub_download  # optional: huggingface_hub
     except ImportError as e:
         raise ConfigError(
             f"loading hf-hub:{repo_id} needs the optional package huggingface_hub "

@@ -17,6 +17,7 @@ from torch import nn
 
 from osfl.errors import ConfigError
 from osfl.models.layers import check_positive
+from osfl.models.weights import load_pretrained
 from osfl.registry import Registry
 
 MODELS: Registry[Callable[..., nn.Module]] = Registry("model")
@@ -77,7 +78,5 @@ def create_model(
             raise ConfigError(f"model {name!r}: {e}") from e
         raise
     if pretrained is not None:
-        from osfl.models.weights import load_pretrained
-
         load_pretrained(model, pretrained, fresh_head=pretrained_head == "fresh")
     return model

@@ -35,11 +35,13 @@ import os
 import pickle
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
+from safetensors.torch import load_file
 from torch import nn
 
 from osfl.errors import ConfigError
@@ -101,9 +103,6 @@ def read_state_dict(path: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
         raise ConfigError(f"checkpoint {str(p)!r} not found; give the path to a local weights file")
     suffix = p.suffix.lower()
     if suffix == ".safetensors":
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
         try:
             obj: object = load_file(str(p), device="cpu")
         except (SafetensorError, OSError, ValueError, RuntimeError) as e:
@@ -220,6 +219,55 @@ def _shape_hint(k: str, v: torch.Tensor, want: torch.Tensor, first_conv: str | N
     return "check embed_dim / depth / patch_size / reg_tokens / model name"
 
 
+@dataclass
+class _Fitting:
+    """The model's side of one :func:`_fit` and what it has decided so far.
+
+    The per-key steps below share this one object instead of passing eight
+    arguments each; ``out``, ``dropped`` and ``notes`` are what :func:`_fit`
+    returns."""
+
+    model: nn.Module
+    target: dict[str, torch.Tensor]
+    head: str | None  # the classifier's parameter prefix, e.g. "head."
+    first_conv: str | None  # the first 4-d weight: the input convolution
+    num_prefix: int  # class token, plus DeiT's distillation token when the model lacks it
+    drop_head: bool
+    fresh_head: bool
+    renamed: Mapping[str, str]
+    out: dict[str, torch.Tensor] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(
+        cls,
+        model: nn.Module,
+        sd: Mapping[str, torch.Tensor],
+        drop_head: bool,
+        renamed: Mapping[str, str],
+        fresh_head: bool,
+    ) -> _Fitting:
+        target = model.state_dict()
+        return cls(
+            model=model,
+            target=target,
+            head=_classifier_prefix(model),
+            first_conv=next((k for k, v in target.items() if v.ndim == 4), None),
+            num_prefix=2 if "dist_token" in sd and "dist_token" not in target else 1,
+            drop_head=drop_head,
+            fresh_head=fresh_head,
+            renamed=renamed,
+        )
+
+    def show(self, k: str) -> str:
+        """The key as errors name it: the checkpoint's spelling first."""
+        return f"{self.renamed[k]!r} ({k!r} here)" if self.renamed.get(k, k) != k else repr(k)
+
+    def is_head(self, k: str) -> bool:
+        return self.head is not None and k.startswith(self.head)
+
+
 def _fit(
     model: nn.Module,
     sd: dict[str, torch.Tensor],
@@ -232,75 +280,90 @@ def _fit(
     upstream classes, not the model's, even when the counts agree).
     ``renamed`` (this project's name -> the checkpoint's) makes errors name the
     key as it appears in the file."""
-    renamed = renamed or {}
-
-    def show(k: str) -> str:
-        return f"{renamed[k]!r} ({k!r} here)" if renamed.get(k, k) != k else repr(k)
-
-    target = model.state_dict()
-    head = _classifier_prefix(model)
-    first_conv = next((k for k, v in target.items() if v.ndim == 4), None)
-    dropped: list[str] = []
-    notes: list[str] = []
-    out: dict[str, torch.Tensor] = {}
-    num_prefix = 2 if "dist_token" in sd and "dist_token" not in target else 1
+    fit = _Fitting.of(model, sd, drop_head, renamed or {}, fresh_head)
     # the model's order first, so an error names its first mismatching parameter
-    order = [k for k in target if k in sd] + [k for k in sd if k not in target]
+    order = [k for k in fit.target if k in sd] + [k for k in sd if k not in fit.target]
     for k in order:
-        v = sd[k]
-        hint = next((h for pat, h in _ARCH_KEYS if k not in target and pat.search(k)), None)
-        if hint is not None:
-            raise ConfigError(
-                f"checkpoint key {show(k)} has no counterpart in the model: the checkpoint "
-                f"uses {hint}"
-            )
-        if k == "dist_token" and k not in target:
-            dropped.append(k)
-            notes.append("dist_token: DeiT distillation token dropped")
-            continue
-        want = target.get(k)
-        if fresh_head and head is not None and k.startswith(head) and want is not None:
-            dropped.append(k)
-            continue
-        if want is None or want.shape == v.shape:
-            out[k] = v
-            continue
-        if k == "pos_embed" and v.ndim == 3 and v.shape[-1] == want.shape[-1]:
-            grid = tuple(model.patch_embed.grid_size)  # type: ignore[union-attr]
-            n_old = v.shape[1]
-            prefix = num_prefix if math.isqrt(n_old - num_prefix) ** 2 == n_old - num_prefix else 0
-            out[k] = resample_pos_embed(v, grid, prefix)
-            g_old = math.isqrt(n_old - prefix)
-            notes.append(f"pos_embed: grid {g_old}x{g_old} -> {grid[0]}x{grid[1]}")
-            continue
-        if (
-            k == first_conv
-            and v.ndim == 4
-            and v.shape[0] == want.shape[0]
-            and v.shape[2:] == want.shape[2:]
-        ):
-            out[k] = adapt_input_conv(v, want.shape[1])
-            notes.append(f"{k}: input channels {v.shape[1]} -> {want.shape[1]}")
-            continue
-        if head is not None and k.startswith(head) and v.shape[1:] == want.shape[1:]:
-            if not drop_head:
-                raise ConfigError(
-                    f"checkpoint head {show(k)} has {v.shape[0]} classes, the model "
-                    f"{want.shape[0]}; "
-                    "pass num_classes_mismatch='drop_head' to keep the model's fresh head"
-                )
-            dropped.append(k)
-            continue
-        raise ConfigError(
-            f"checkpoint key {show(k)} has shape {tuple(v.shape)} but the model expects "
-            f"{tuple(want.shape)}; the checkpoint is for a different architecture "
-            f"({_shape_hint(k, v, want, first_conv)})"
-        )
-    head_dropped = [k for k in dropped if head is not None and k.startswith(head)]
+        _fit_key(fit, k, sd[k])
+    head_dropped = [k for k in fit.dropped if fit.is_head(k)]
     if head_dropped:
         why = "a fresh head for the model's classes" if fresh_head else "class count differs"
-        notes.append(f"head dropped ({why}): {', '.join(head_dropped)}")
-    return out, dropped, notes
+        fit.notes.append(f"head dropped ({why}): {', '.join(head_dropped)}")
+    return fit.out, fit.dropped, fit.notes
+
+
+def _fit_key(fit: _Fitting, k: str, v: torch.Tensor) -> None:
+    """One checkpoint key: refuse another architecture, drop what the model
+    must not get (DeiT's distillation token, a head it should not reuse), keep
+    what already fits, and hand a shape mismatch to :func:`_fit_mismatched`."""
+    _refuse_other_architecture(fit, k)
+    if k == "dist_token" and k not in fit.target:
+        fit.dropped.append(k)
+        fit.notes.append("dist_token: DeiT distillation token dropped")
+        return
+    want = fit.target.get(k)
+    if fit.fresh_head and fit.is_head(k) and want is not None:
+        fit.dropped.append(k)
+        return
+    if want is None or want.shape == v.shape:
+        fit.out[k] = v
+        return
+    _fit_mismatched(fit, k, v, want)
+
+
+def _refuse_other_architecture(fit: _Fitting, k: str) -> None:
+    """A key the model lacks that marks another architecture (:data:`_ARCH_KEYS`)
+    is an error: loading the rest would silently compute something else."""
+    hint = next((h for pat, h in _ARCH_KEYS if k not in fit.target and pat.search(k)), None)
+    if hint is not None:
+        raise ConfigError(
+            f"checkpoint key {fit.show(k)} has no counterpart in the model: the checkpoint "
+            f"uses {hint}"
+        )
+
+
+def _fit_mismatched(fit: _Fitting, k: str, v: torch.Tensor, want: torch.Tensor) -> None:
+    """A key whose shape differs from the model's: the three differences that
+    have a faithful fix (patch grid, input channels, class count) are fixed;
+    anything else means another architecture and is refused."""
+    if k == "pos_embed" and v.ndim == 3 and v.shape[-1] == want.shape[-1]:
+        _resample_pos_embed_key(fit, k, v)
+        return
+    if (
+        k == fit.first_conv
+        and v.ndim == 4
+        and v.shape[0] == want.shape[0]
+        and v.shape[2:] == want.shape[2:]
+    ):
+        fit.out[k] = adapt_input_conv(v, want.shape[1])
+        fit.notes.append(f"{k}: input channels {v.shape[1]} -> {want.shape[1]}")
+        return
+    if fit.is_head(k) and v.shape[1:] == want.shape[1:]:
+        if not fit.drop_head:
+            raise ConfigError(
+                f"checkpoint head {fit.show(k)} has {v.shape[0]} classes, the model "
+                f"{want.shape[0]}; "
+                "pass num_classes_mismatch='drop_head' to keep the model's fresh head"
+            )
+        fit.dropped.append(k)
+        return
+    raise ConfigError(
+        f"checkpoint key {fit.show(k)} has shape {tuple(v.shape)} but the model expects "
+        f"{tuple(want.shape)}; the checkpoint is for a different architecture "
+        f"({_shape_hint(k, v, want, fit.first_conv)})"
+    )
+
+
+def _resample_pos_embed_key(fit: _Fitting, k: str, v: torch.Tensor) -> None:
+    """``pos_embed`` for the model's patch grid; the checkpoint's prefix tokens
+    count only when what remains is a square grid (some files store none)."""
+    grid = tuple(fit.model.patch_embed.grid_size)  # type: ignore[union-attr]
+    n_old = v.shape[1]
+    num_prefix = fit.num_prefix
+    prefix = num_prefix if math.isqrt(n_old - num_prefix) ** 2 == n_old - num_prefix else 0
+    fit.out[k] = resample_pos_embed(v, grid, prefix)
+    g_old = math.isqrt(n_old - prefix)
+    fit.notes.append(f"pos_embed: grid {g_old}x{g_old} -> {grid[0]}x{grid[1]}")
 
 
 def load_pretrained(

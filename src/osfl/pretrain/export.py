@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors.torch import save_file
 from torch import nn
 
 import osfl
@@ -30,8 +31,6 @@ from osfl.pretrain.upstream import Upstream
 
 def write_weights(model: nn.Module, path: str | os.PathLike[str]) -> dict[str, Any]:
     """Save ``model.state_dict()`` as safetensors; returns the card's ``weights`` block."""
-    from safetensors.torch import save_file
-
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}

@@ -85,6 +85,7 @@ def _fit(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Logistic regression with inverse regularisation ``c``; (weight, bias) rows for
     every class (sklearn drops classes absent from ``y`` and keeps one row for two)."""
+    # heavy: scikit-learn (~1 s; only the linear probe needs it)
     from sklearn.linear_model import LogisticRegression
 
     clf = LogisticRegression(C=c, max_iter=1000, random_state=seed)
@@ -110,6 +111,7 @@ def fit_linear_probe(
     seed: int = 0,
 ) -> LinearProbe:
     """Standardise, pick C on a stratified validation split, refit on everything."""
+    # heavy: scikit-learn (~1 s; only the linear probe needs it)
     from sklearn.model_selection import train_test_split
 
     y = np.asarray(labels, dtype=np.int64)

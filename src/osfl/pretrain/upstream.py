@@ -17,6 +17,7 @@ import numpy as np
 
 from osfl.data.classes import resolve_classes, select_classes
 from osfl.data.imageset import DataSplits, ImageSet
+from osfl.data.sources import load_data
 from osfl.errors import ConfigError
 
 
@@ -82,8 +83,6 @@ def load_upstream(
     options: dict[str, Any] | None = None,
 ) -> Upstream:
     """Load ``source`` with the options that are set and keep ``classes``."""
-    from osfl.data.sources import load_data
-
     named = {
         "image_size": image_size,
         "channels": channels,

@@ -37,10 +37,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy.optimize import linear_sum_assignment
 from torch import nn
 
 from osfl.errors import ConfigError
 from osfl.models.vit import random_keep_idx
+from osfl.privacy.metrics import psnr, ssim
 
 #: images (B, C, H, W) in [0, 1] and kept patch indices (B, K) or None -> tokens (B, T, D)
 Encoder = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
@@ -194,10 +196,6 @@ def invert_upload(
 def match_scores(recon: torch.Tensor, originals: torch.Tensor) -> dict[str, float]:
     """Mean PSNR/SSIM of reconstructions paired with originals by a minimum-MSE
     assignment (rectangular: ``min(len(recon), len(originals))`` pairs)."""
-    from scipy.optimize import linear_sum_assignment
-
-    from osfl.privacy.metrics import psnr, ssim
-
     if recon.shape[1:] != originals.shape[1:]:
         raise ConfigError(f"image shapes differ: {tuple(recon.shape)} vs {tuple(originals.shape)}")
     cost = torch.cdist(recon.float().flatten(1), originals.float().flatten(1)).pow(2).numpy()
@@ -246,8 +244,6 @@ def inversion_curve(
     """Fig. 5's shape: for each round t, encode ``images`` (in [0, 1]) with the
     round-t local module ``encoders[t]`` under fresh masks, invert with the
     decoder, and score against the images themselves (known pairing)."""
-    from osfl.privacy.metrics import psnr, ssim
-
     device = next(decoder.parameters()).device
     out = []
     for t in sorted(encoders):

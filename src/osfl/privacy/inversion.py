@@ -35,9 +35,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 import torch.nn.functional as F
+from scipy.optimize import linear_sum_assignment
 from torch import nn
 
 from osfl.errors import ConfigError
+from osfl.privacy.metrics import lpips, psnr, ssim
 
 log = logging.getLogger(__name__)
 
@@ -192,10 +194,6 @@ def invert_gradients(
 
 def match_and_score(recon: torch.Tensor, truth: torch.Tensor) -> dict[str, float | list[int]]:
     """Pair reconstructions to originals (min-MSE assignment), then mean PSNR/SSIM (+LPIPS)."""
-    from scipy.optimize import linear_sum_assignment
-
-    from osfl.privacy.metrics import lpips, psnr, ssim
-
     if recon.shape != truth.shape:
         raise ConfigError(f"shapes differ: {tuple(recon.shape)} vs {tuple(truth.shape)}")
     r, t = recon.float().flatten(1), truth.float().flatten(1)

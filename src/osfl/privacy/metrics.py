@@ -94,6 +94,7 @@ def _check_images(x: torch.Tensor, y: torch.Tensor) -> None:
 
 def psnr(x: torch.Tensor, y: torch.Tensor, *, per_image: bool = True) -> torch.Tensor:
     """PSNR (dB) of images in [0, 1]; per image (B,) by default, as IG and RLU report."""
+    # heavy: torchmetrics (~1 s; only scoring a reconstruction needs it)
     from torchmetrics.functional.image import peak_signal_noise_ratio
 
     _check_images(x, y)
@@ -110,6 +111,7 @@ def psnr(x: torch.Tensor, y: torch.Tensor, *, per_image: bool = True) -> torch.T
 
 def ssim(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """SSIM per image (B,) of images in [0, 1] (Gaussian 11×11 window, σ = 1.5)."""
+    # heavy: torchmetrics (~1 s; only scoring a reconstruction needs it)
     from torchmetrics.functional.image import structural_similarity_index_measure
 
     _check_images(x, y)
@@ -128,7 +130,7 @@ def lpips_weights_available(net: str = "alex") -> str | None:
     and the linear-layer weights shipped with the ``lpips`` package.
     """
     try:
-        import torchvision  # noqa: F401
+        import torchvision  # noqa: F401  (optional: torchvision, not a dependency of osfl)
     except ImportError:
         return "LPIPS needs torchvision (not a dependency of osfl); skipped"
     hub = (
@@ -149,6 +151,7 @@ def lpips(x: torch.Tensor, y: torch.Tensor, *, net: str = "alex") -> torch.Tenso
     if why is not None:
         log.info(why)
         return None
+    # heavy: torchmetrics (~1 s; only scoring a reconstruction needs it)
     from torchmetrics.functional.image.lpips import learned_perceptual_image_patch_similarity
 
     x, y = x.float().clamp(0, 1), y.float().clamp(0, 1)

@@ -45,6 +45,7 @@ def load_digits_data(
     ``cache_dir`` is accepted so that configs move between sources, and unused
     (loading takes milliseconds).
     """
+    # heavy: scikit-learn (~1 s; only the digits source needs it)
     from sklearn.datasets import load_digits
 
     if path:

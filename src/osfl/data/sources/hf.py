@@ -38,7 +38,7 @@ _BATCH = 512
 
 def _import_datasets() -> Any:
     try:
-        import datasets
+        import datasets  # optional: datasets (pip install 'osfl[hf]')
     except ImportError as e:
         raise DataError(
             "the 'hf:' source needs the Hugging Face 'datasets' package; "

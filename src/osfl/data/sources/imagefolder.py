@@ -81,53 +81,78 @@ def _images(p: Path) -> list[str]:
 
 def _scan(root: Path) -> _Listing:
     """Detect the layout and list every image file, in a deterministic order."""
+    top = _subdirs(root)
+    if "train" in top and "test" in top:
+        listing = _scan_split(root)
+    elif top and all(not _images(root / d) and _subdirs(root / d) for d in top):
+        listing = _scan_domains(root, top)
+    else:
+        listing = _scan_classes(root, top)
+    _check_listing(root, listing)
+    return listing
+
+
+def _scan_split(root: Path) -> _Listing:
+    """``train/<class>/*`` and ``test/<class>/*``: the given split is kept; the
+    classes are train's (a test class train lacks could never be learnt)."""
+    files: list[str] = []
+    labels: list[int] = []
+    tests: list[bool] = []
+    classes = tuple(_subdirs(root / "train"))
+    extra = sorted(set(_subdirs(root / "test")) - set(classes))
+    if extra:
+        raise DataError(f"{root}/test has classes missing from train: {extra[:5]}; fix the folders")
+    for part in ("train", "test"):
+        for ci, c in enumerate(classes):
+            if not (root / part / c).is_dir():
+                continue
+            for f in _images(root / part / c):
+                files.append(f"{part}/{c}/{f}")
+                labels.append(ci)
+                tests.append(part == "test")
+    return _Listing(files, np.asarray(labels, np.int64), None, np.asarray(tests), classes, ())
+
+
+def _scan_domains(root: Path, top: list[str]) -> _Listing:
+    """``<domain>/<class>/*``: every top folder holds only class folders; the
+    classes are the union over domains, so a domain may lack some."""
     files: list[str] = []
     labels: list[int] = []
     doms: list[int] = []
-    tests: list[bool] = []
-    top = _subdirs(root)
-    if "train" in top and "test" in top:
-        classes = tuple(_subdirs(root / "train"))
-        extra = sorted(set(_subdirs(root / "test")) - set(classes))
-        if extra:
-            raise DataError(
-                f"{root}/test has classes missing from train: {extra[:5]}; fix the folders"
-            )
-        for part in ("train", "test"):
-            for ci, c in enumerate(classes):
-                if not (root / part / c).is_dir():
-                    continue
-                for f in _images(root / part / c):
-                    files.append(f"{part}/{c}/{f}")
-                    labels.append(ci)
-                    tests.append(part == "test")
-        listing = _Listing(
-            files, np.asarray(labels, np.int64), None, np.asarray(tests), classes, ()
-        )
-    elif top and all(not _images(root / d) and _subdirs(root / d) for d in top):
-        domain_names = tuple(top)
-        classes = tuple(sorted({c for d in top for c in _subdirs(root / d)}))
-        for di, d in enumerate(domain_names):
-            for c in _subdirs(root / d):
-                for f in _images(root / d / c):
-                    files.append(f"{d}/{c}/{f}")
-                    labels.append(classes.index(c))
-                    doms.append(di)
-        listing = _Listing(
-            files,
-            np.asarray(labels, np.int64),
-            np.asarray(doms, np.int64),
-            None,
-            classes,
-            domain_names,
-        )
-    else:
-        classes = tuple(top)
-        for ci, c in enumerate(classes):
-            for f in _images(root / c):
-                files.append(f"{c}/{f}")
-                labels.append(ci)
-        listing = _Listing(files, np.asarray(labels, np.int64), None, None, classes, ())
+    domain_names = tuple(top)
+    classes = tuple(sorted({c for d in top for c in _subdirs(root / d)}))
+    for di, d in enumerate(domain_names):
+        for c in _subdirs(root / d):
+            for f in _images(root / d / c):
+                files.append(f"{d}/{c}/{f}")
+                labels.append(classes.index(c))
+                doms.append(di)
+    return _Listing(
+        files,
+        np.asarray(labels, np.int64),
+        np.asarray(doms, np.int64),
+        None,
+        classes,
+        domain_names,
+    )
+
+
+def _scan_classes(root: Path, top: list[str]) -> _Listing:
+    """``<class>/*``: one folder per class, no split, no domains."""
+    files: list[str] = []
+    labels: list[int] = []
+    classes = tuple(top)
+    for ci, c in enumerate(classes):
+        for f in _images(root / c):
+            files.append(f"{c}/{f}")
+            labels.append(ci)
+    return _Listing(files, np.asarray(labels, np.int64), None, None, classes, ())
+
+
+def _check_listing(root: Path, listing: _Listing) -> None:
+    """A folder with no images, or images of one class only, is a layout
+    mistake: say which layouts are understood."""
+    files = listing.files
     if not files:
         raise DataError(
             f"no image files under {str(root)!r}; expected train/<class>/*, test/<class>/*, "
@@ -140,7 +165,6 @@ def _scan(root: Path) -> _Listing:
             f"({', '.join(used[:3])}); an image folder needs at least two classes laid out as "
             "train/<class>/*, test/<class>/*, <domain>/<class>/* or <class>/*"
         )
-    return listing
 
 
 def _file_stats(root: Path, files: list[str]) -> list[tuple[str, int, int]]:

@@ -202,14 +202,7 @@ def choose_threads(
         model_key = f"{type(built).__name__}/{n}"
     key = _cache_key(model_key, input_shape, batch_size, parallel_clients, hi)
     path = Path(cache_dir) / CACHE_FILE if cache_dir is not None else None
-    if path is None:
-        choices: dict[str, Any] = {}
-        hit = _MEMO.get(key)
-    else:
-        choices = _read_cache(path)
-        hit = _cached(choices[key], (lo, hi)) if key in choices else None
-        if hit is None and key in choices:
-            log.warning("thread choice cache %s: unusable entry; measuring again", path)
+    choices, hit = _lookup(key, path, (lo, hi))
     if hit is not None:
         log.info(
             "threads_per_client auto: %d (%s; from %s)",
@@ -220,30 +213,61 @@ def choose_threads(
         return ThreadChoice(hit.threads, "cache", hit.images_per_s)
 
     net = built if built is not None else _build(model)
-    with torch.random.fork_rng(devices=[]):  # timing draws none of the run's random numbers
+    choice = _measure(net, input_shape, batch_size, (lo, hi))
+    _remember(key, choice, path, choices)
+    return choice
+
+
+def _lookup(
+    key: str, path: Path | None, candidates: tuple[int, int]
+) -> tuple[dict[str, Any], ThreadChoice | None]:
+    """The cache file's entries (empty without a file) and the earlier choice
+    for ``key``, if any: from the file, else from this process's memo. An entry
+    that no longer fits the candidates is ignored, with a warning."""
+    if path is None:
+        return {}, _MEMO.get(key)
+    choices = _read_cache(path)
+    hit = _cached(choices[key], candidates) if key in choices else None
+    if hit is None and key in choices:
+        log.warning("thread choice cache %s: unusable entry; measuring again", path)
+    return choices, hit
+
+
+def _measure(
+    net: nn.Module, input_shape: tuple[int, ...], batch_size: int, candidates: tuple[int, int]
+) -> ThreadChoice:
+    """Median images/s of each thread count, the two timed in turn (so that a
+    slow spell of the machine hits both), drawing none of the run's random
+    numbers; more threads win only when they are :data:`MIN_GAIN` faster."""
+    lo, hi = candidates
+    with torch.random.fork_rng(devices=[]):
         runs: dict[int, list[float]] = {lo: [], hi: []}
-        for _ in range(ROUNDS):  # in turn, so that a slow spell of the machine hits both
+        for _ in range(ROUNDS):
             for t in (lo, hi):
                 runs[t].append(measure_images_per_s(net, input_shape, batch_size, t))
         rates = {t: statistics.median(r) for t, r in runs.items()}
     threads = hi if rates[hi] >= MIN_GAIN * rates[lo] else lo
-    choice = ThreadChoice(threads, "measured", rates)
+    return ThreadChoice(threads, "measured", rates)
+
+
+def _remember(key: str, choice: ThreadChoice, path: Path | None, choices: dict[str, Any]) -> None:
+    """Keep a measured choice for the next run: in the cache file with its rates
+    and date, or, without a cache directory, in this process's memo."""
     if path is None:
         _MEMO[key] = choice
     log.info(
         "threads_per_client auto: %d (%s; measured%s)",
-        threads,
-        _rates(rates),
+        choice.threads,
+        _rates(choice.images_per_s),
         f", cached in {path}" if path is not None else "",
     )
     if path is not None:
         choices[key] = {
-            "threads": threads,
-            "images_per_s": {str(t): round(r, 1) for t, r in rates.items()},
+            "threads": choice.threads,
+            "images_per_s": {str(t): round(r, 1) for t, r in choice.images_per_s.items()},
             "measured": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         _write_cache(path, choices)
-    return choice
 
 
 def _build(model: nn.Module | Callable[[], nn.Module]) -> nn.Module:

@@ -33,7 +33,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -545,8 +545,6 @@ def _rounded(seconds: float) -> float:
 
 def _jsonable(parts: Mapping[str, Any]) -> dict[str, Any]:
     """Cache-key parts with config dataclasses turned into dicts."""
-    from dataclasses import asdict, is_dataclass
-
     return {k: asdict(v) if is_dataclass(v) else v for k, v in parts.items()}
 
 

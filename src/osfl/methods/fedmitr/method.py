@@ -57,6 +57,7 @@ from osfl.methods.kd.base import DistillationMethod, KDConfig, ServerSide
 from osfl.methods.kd.pixels import InversionConfig, random_labels
 from osfl.methods.kd.pool import SyntheticPool
 from osfl.methods.kd.teacher import EnsembleTeacher
+from osfl.models import load_pretrained
 from osfl.models.vit import VisionTransformer
 
 __all__ = ["FedMITR", "FedMITRConfig"]
@@ -174,8 +175,6 @@ class FedMITR(DistillationMethod):
     def init_state(self) -> dict[str, Any]:
         state = super().init_state()
         if self.config.pretrained:
-            from osfl.models import load_pretrained
-
             model = self.run.model.build(self.run.num_classes)
             model.load_state_dict(state["init"], strict=True)  # keeps the seeded head
             report = load_pretrained(model, self.config.pretrained)

@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from osfl.errors import ConfigError
 from osfl.fl.context import ClientContext, ModelSpec, RunContext
@@ -85,8 +86,6 @@ def flops_per_sample(sample: Callable[[], torch.Tensor]) -> float:
     ``torch.utils.flop_counter.FlopCounterMode``. It counts matrix products
     and convolutions only (elementwise work such as adding Gaussian noise is
     free to it), which is the paper's Fig. 5 convention for model FLOPs."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     counter = FlopCounterMode(display=False)
     with counter, torch.no_grad():
         out = sample()

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from osfl.data.imageset import ImageSet
+from osfl.data.sources import load_data
 from osfl.errors import ConfigError
 from osfl.registry import Registry
 
@@ -87,7 +88,7 @@ class DiffusersPrior:
 
     def __init__(self, directory: str, prompt: str = "a photo of a {}"):
         try:
-            import diffusers  # noqa: F401
+            import diffusers  # noqa: F401  (optional: diffusers; checked before the directory)
         except ImportError as e:
             raise ConfigError(
                 "prior diffusers:<dir> needs the diffusers package (pip install diffusers), "
@@ -99,6 +100,7 @@ class DiffusersPrior:
                 f"prior diffusers:{directory}: not a local pipeline directory (osfl never "
                 "downloads weights: save one with DiffusionPipeline.save_pretrained)"
             )
+        # optional: diffusers (its pipelines are heavy to import, so only once needed)
         from diffusers import DiffusionPipeline
 
         self.pipe = DiffusionPipeline.from_pretrained(str(path), local_files_only=True)
@@ -155,8 +157,6 @@ class DatasetPrior:
         channels: int,
         seed: int,
     ) -> ImageSet:
-        from osfl.data.sources import load_data
-
         source = load_data(self.spec, image_size=image_size, channels=channels).train
         names = list(source.classes)
         missing = [c for c in class_names if c not in names]

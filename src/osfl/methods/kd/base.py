@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from osfl.data.transforms import Transform
 from osfl.errors import ConfigError
@@ -110,8 +111,6 @@ class PhaseTimer:
     def phase(self, name: str) -> Iterator[None]:
         counter: Any = nullcontext()
         if self.count_flops:
-            from torch.utils.flop_counter import FlopCounterMode
-
             counter = FlopCounterMode(display=False)
         start = time.perf_counter()
         with counter:

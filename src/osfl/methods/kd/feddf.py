@@ -30,6 +30,7 @@ from torch import nn
 
 from osfl.data.imageset import ImageSet
 from osfl.data.loader import BatchIterator
+from osfl.data.sources import load_data
 from osfl.errors import ConfigError, DataError
 from osfl.fl.method import MethodCard, register_method
 from osfl.methods.kd.base import DistillationMethod, KDConfig, ServerSide, epoch_log
@@ -82,8 +83,6 @@ def load_public(cfg: FedDFConfig, side: ServerSide) -> ImageSet:
     """The ``public`` data spec's images at the run's image shape."""
     if cfg.public is None:
         raise ConfigError(NO_PUBLIC)
-    from osfl.data.sources import load_data
-
     c, h, _ = side.image_shape
     opts: dict[str, object] = {"image_size": h, "channels": c}
     if cfg.public_max_per_class is not None:

@@ -198,69 +198,134 @@ def invert(
         raise ConfigError("js_weight > 0 (ADI / FedMITR competition) needs a student")
     start = time.perf_counter()
     labels = labels.to(device)
-    b = labels.shape[0]
-    if init is None:
-        init = torch.randn((b, *image_shape), generator=generator) * cfg.init_std
-    pixels = init.detach().to(device, torch.float32).clone()
-    if cfg.clip and space is not None:
-        pixels = space.clip(pixels)
-    pixels.requires_grad_(True)
+    pixels = _initial_pixels(labels.shape[0], image_shape, cfg, space, generator, device, init)
     opt = torch.optim.Adam([pixels], lr=cfg.lr, betas=(cfg.beta1, cfg.beta2))
     state = InversionState(step=0, pixels=pixels, labels=labels)
-    best: torch.Tensor | None = None
-    best_cost = float("inf")
-    best_losses: dict[str, float] = {}
+    kept = _Kept()
 
     for it in range(cfg.iterations):
         state.step = it
         state.jitter = Jitter.draw(cfg.jitter, cfg.flip, generator)
         x = state.jitter.apply(pixels)
-        terms: dict[str, torch.Tensor] = {}
-        if bn is not None and cfg.bn_weight > 0:
-            with bn.capture():
-                logits = forward(x, state)
-            terms["bn"] = cfg.bn_weight * bn.value(bn_reduction).to(device)
-        else:
-            logits = forward(x, state)
+        logits, terms = _forward_terms(forward, x, state, cfg, bn, bn_reduction, device)
         state.logits = logits.detach()
-        if cfg.ce_weight > 0:
-            terms["ce"] = cfg.ce_weight * F.cross_entropy(logits.float(), labels)
-        if cfg.tv_l1_weight > 0:
-            terms["tv_l1"] = cfg.tv_l1_weight * tv_loss(x, "l1")
-        if cfg.tv_l2_weight > 0:
-            terms["tv_l2"] = cfg.tv_l2_weight * tv_loss(x, "l2")
-        if cfg.l2_weight > 0:
-            terms["l2"] = cfg.l2_weight * l2_prior(x)
-        if cfg.js_weight > 0 and student is not None:
-            s_logits = student(x, state)
-            terms["js"] = -cfg.js_weight * js_divergence(logits, s_logits, cfg.js_temperature)
+        terms.update(_prior_terms(x, logits, state, cfg, student))
         loss = sum(terms.values()) if terms else logits.sum() * 0.0
         state.losses = {k: float(v.detach()) for k, v in terms.items()}
-        cost = float(loss.detach())  # type: ignore[union-attr]
-        if cfg.keep == "best" and cost < best_cost:
-            best_cost, best, best_losses = cost, pixels.detach().clone(), dict(state.losses)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()  # type: ignore[union-attr]
-        mask = state.update_mask
-        before = pixels.detach().clone() if mask is not None else None
-        if mask is not None and pixels.grad is not None:
-            pixels.grad.mul_(mask.to(pixels.grad.dtype))
-        opt.step()
-        if before is not None and mask is not None:
-            with torch.no_grad():  # Adam's momentum would still move frozen pixels
-                pixels.copy_(torch.where(mask.to(torch.bool), pixels, before))
+        if cfg.keep == "best":
+            kept.offer(float(loss.detach()), pixels, state.losses)  # type: ignore[union-attr]
+        _step(opt, pixels, loss, state.update_mask)  # type: ignore[arg-type]
         if cfg.clip and space is not None:
             with torch.no_grad():
                 pixels.copy_(space.clip(pixels))
         if on_step is not None:
             on_step(state)
 
-    if cfg.keep == "last" or best is None:
-        best, best_losses = pixels.detach().clone(), dict(state.losses)
+    if cfg.keep == "last" or kept.pixels is None:
+        kept.pixels, kept.losses = pixels.detach().clone(), dict(state.losses)
     return InversionResult(
-        images=best,
+        images=kept.pixels,
         labels=labels.detach(),
-        losses=best_losses,
+        losses=kept.losses,
         state=state,
         seconds=time.perf_counter() - start,
     )
+
+
+@dataclass
+class _Kept:
+    """The batch :func:`invert` returns under ``keep="best"``: the one of lowest
+    total loss seen so far (checked before each step, as the DeepInversion and
+    DENSE codes do), with its loss terms."""
+
+    cost: float = float("inf")
+    pixels: torch.Tensor | None = None
+    losses: dict[str, float] = field(default_factory=dict)
+
+    def offer(self, cost: float, pixels: torch.Tensor, losses: dict[str, float]) -> None:
+        if cost < self.cost:
+            self.cost, self.pixels, self.losses = cost, pixels.detach().clone(), dict(losses)
+
+
+def _initial_pixels(
+    b: int,
+    image_shape: tuple[int, int, int],
+    cfg: InversionConfig,
+    space: InputSpace | None,
+    generator: torch.Generator | None,
+    device: torch.device,
+    init: torch.Tensor | None,
+) -> torch.Tensor:
+    """The pixels Adam optimises: ``init``, or Gaussian noise of ``cfg.init_std``
+    drawn on the CPU (the same images on any device), clipped to the valid range."""
+    if init is None:
+        init = torch.randn((b, *image_shape), generator=generator) * cfg.init_std
+    pixels = init.detach().to(device, torch.float32).clone()
+    if cfg.clip and space is not None:
+        pixels = space.clip(pixels)
+    return pixels.requires_grad_(True)
+
+
+def _forward_terms(
+    forward: ForwardFn,
+    x: torch.Tensor,
+    state: InversionState,
+    cfg: InversionConfig,
+    bn: BNStatsLoss | None,
+    bn_reduction: str,
+    device: torch.device,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The inverted model's logits on ``x`` and, when BatchNorm statistics are
+    matched, the ``bn`` term recorded around that same forward pass."""
+    if bn is not None and cfg.bn_weight > 0:
+        with bn.capture():
+            logits = forward(x, state)
+        return logits, {"bn": cfg.bn_weight * bn.value(bn_reduction).to(device)}
+    return forward(x, state), {}
+
+
+def _prior_terms(
+    x: torch.Tensor,
+    logits: torch.Tensor,
+    state: InversionState,
+    cfg: InversionConfig,
+    student: ForwardFn | None,
+) -> dict[str, torch.Tensor]:
+    """The remaining weighted terms, each present only when its weight is
+    positive: cross-entropy to the labels, the image priors and ADI's JS
+    competition with the student (negated: the images should make them disagree)."""
+    terms: dict[str, torch.Tensor] = {}
+    if cfg.ce_weight > 0:
+        terms["ce"] = cfg.ce_weight * F.cross_entropy(logits.float(), state.labels)
+    if cfg.tv_l1_weight > 0:
+        terms["tv_l1"] = cfg.tv_l1_weight * tv_loss(x, "l1")
+    if cfg.tv_l2_weight > 0:
+        terms["tv_l2"] = cfg.tv_l2_weight * tv_loss(x, "l2")
+    if cfg.l2_weight > 0:
+        terms["l2"] = cfg.l2_weight * l2_prior(x)
+    if cfg.js_weight > 0 and student is not None:
+        s_logits = student(x, state)
+        terms["js"] = -cfg.js_weight * js_divergence(logits, s_logits, cfg.js_temperature)
+    return terms
+
+
+def _step(
+    opt: torch.optim.Optimizer,
+    pixels: torch.Tensor,
+    loss: torch.Tensor,
+    mask: torch.Tensor | None,
+) -> None:
+    """One Adam step on the pixels; with an update ``mask`` the frozen pixels'
+    gradient is zeroed and, since Adam's momentum would still move them, their
+    values are restored after the step."""
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if mask is None:
+        opt.step()
+        return
+    before = pixels.detach().clone()
+    if pixels.grad is not None:
+        pixels.grad.mul_(mask.to(pixels.grad.dtype))
+    opt.step()
+    with torch.no_grad():
+        pixels.copy_(torch.where(mask.to(torch.bool), pixels, before))

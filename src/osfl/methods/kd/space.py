@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from osfl.data.transforms import Compose, Normalize
+
 __all__ = ["InputSpace"]
 
 
@@ -33,8 +35,6 @@ class InputSpace:
     def from_transform(cls, transform: object, channels: int) -> InputSpace:
         """The first ``Normalize`` found in ``transform`` (a Compose is searched
         in order); identity when the pipeline does not normalise."""
-        from osfl.data.transforms import Compose, Normalize
-
         stack: list[object] = [transform]
         while stack:
             t = stack.pop(0)

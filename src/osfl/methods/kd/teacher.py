@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from osfl.errors import ConfigError
+from osfl.methods.clients import WEIGHTINGS
 
 __all__ = ["COMBINES", "EnsembleTeacher"]
 
@@ -106,8 +107,6 @@ class EnsembleTeacher(nn.Module):
         **kwargs: object,
     ) -> EnsembleTeacher:
         """Weights from the shared client-weighting registry (``uniform``, ``data_size``)."""
-        from osfl.methods.clients import WEIGHTINGS
-
         w = WEIGHTINGS.get(weighting)(list(num_samples))
         return cls(models, w, **kwargs)  # type: ignore[arg-type]
 

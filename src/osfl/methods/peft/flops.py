@@ -16,13 +16,12 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode
 
 
 def forward_gflops(forward: Callable[[torch.Tensor], Any], x: torch.Tensor) -> float:
     """Forward GFLOPs per image of ``forward(x)`` (x: a batch of B images), no grad."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    from torch.utils.flop_counter import FlopCounterMode  # imports sympy: only when counting
-
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
         forward(x)
     return counter.get_total_flops() / max(1, x.shape[0]) / 1e9

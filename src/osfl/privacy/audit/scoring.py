@@ -13,6 +13,7 @@ import torch
 
 from osfl.errors import OsflError
 from osfl.fl.observation import Observation
+from osfl.privacy import ATTACKS, resolve_inputs, run_attack
 from osfl.privacy.audit.spec import AttackSpec
 
 if TYPE_CHECKING:
@@ -49,8 +50,6 @@ def score_observations(
     "cAcc_std", "iAcc", "iAcc_std", "n", "per_observation", ...}`` (mean ±
     sample std over the observations). An observation an attack cannot use is
     logged and counted in ``failed`` with its reason; the others go on."""
-    from osfl.privacy import ATTACKS, resolve_inputs, run_attack
-
     out: dict[str, dict[str, Any]] = {
         a.key: {
             "attack": a.name,

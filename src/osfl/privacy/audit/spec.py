@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from osfl.errors import ConfigError
+from osfl.privacy import ATTACKS
+from osfl.privacy.label_recovery import make_config
 
 
 @dataclass(frozen=True)
@@ -62,9 +64,6 @@ def parse_audit(items: Sequence[Any] | None) -> AuditSpec | None:
     """
     if not items:
         return None
-    from osfl.privacy import ATTACKS
-    from osfl.privacy.label_recovery import make_config
-
     attacks: list[AttackSpec] = []
     opts: dict[str, Any] = {}
     for item in items:

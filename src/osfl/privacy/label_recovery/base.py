@@ -45,6 +45,9 @@ import torch
 from torch import nn
 
 from osfl.errors import ConfigError, DataError
+from osfl.models import create_model
+from osfl.privacy.label_recovery.moments import aux_outputs
+from osfl.privacy.metrics import label_metrics
 from osfl.registry import Registry
 
 if TYPE_CHECKING:
@@ -92,8 +95,6 @@ class LabelRecoveryResult:
 
     def score(self, truth: np.ndarray | torch.Tensor) -> dict[str, float]:
         """cAcc and iAcc (Appendix B.4) against the true labels of the local steps."""
-        from osfl.privacy.metrics import label_metrics
-
         return label_metrics(self.counts, truth, num_classes=self.counts.size)
 
 
@@ -257,8 +258,6 @@ class AttackInputs:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits and embeddings of ``aux`` under the ``"global"`` or ``"local"`` model,
         memoised so that several attacks on one observation forward the set once."""
-        from osfl.privacy.label_recovery.moments import aux_outputs
-
         key = (which, id(aux), id(transform), bn_stats, str(device), seed)
         if key not in self._memo:
             model = (self.global_model if which == "global" else self.local_model).to(device)
@@ -294,8 +293,6 @@ def build_model(obs: Observation, model: nn.Module | None) -> nn.Module:
             client=obs.client_id,
             round=obs.round,
         )
-    from osfl.models import create_model
-
     return create_model(str(spec["name"]), num_classes=k, **dict(spec.get("kwargs") or {}))
 
 
