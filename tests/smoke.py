@@ -5,11 +5,19 @@ needs one). Not a test module: shared by them."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
 import osfl.methods  # noqa: F401  (registers the methods)
 from osfl import assembly
 from osfl.config import ExperimentConfig, load_config
 from osfl.data.imageset import DataSplits
-from osfl.fl.method import METHODS
+from osfl.fl.method import METHODS, MethodWrapper
+from osfl.fl.runtime.base import Job
+from osfl.fl.runtime.simulation import SimulationRuntime
+from osfl.fl.upload import Upload
 
 #: The tiny task every method runs on (a method's ``smoke`` overrides come after).
 BASE = (
@@ -43,3 +51,24 @@ def smoke_context(cfg: ExperimentConfig) -> assembly.SeedContext:
     if key not in _SPLITS:
         _SPLITS[key] = assembly.load_splits(cfg)
     return assembly.seed_context(cfg, _SPLITS[key], cfg.seeds[0])
+
+
+class _FirstAggregate(Exception):
+    def __init__(self, state: Any, uploads: Mapping[int, Upload]):
+        super().__init__("stopped at the first aggregation")
+        self.state, self.uploads = state, dict(uploads)
+
+
+class _StopAtAggregate(MethodWrapper):
+    def aggregate(self, state: Any, uploads: Mapping[int, Upload], round: int) -> Any:
+        raise _FirstAggregate(copy.deepcopy(state), uploads)
+
+
+def first_aggregation(job: Job) -> tuple[Any, dict[int, Upload]]:
+    """``(server state, valid uploads)`` as round 0's ``aggregate`` receives
+    them, from a simulation of ``job`` stopped there."""
+    try:
+        SimulationRuntime().execute(dataclasses.replace(job, method=_StopAtAggregate(job.method)))
+    except _FirstAggregate as got:
+        return got.state, got.uploads
+    raise AssertionError(f"{job.method.name} never aggregated")

@@ -12,7 +12,6 @@ aggregators and the evaluator's non-finite flag are for).
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
 from typing import Any
 
 import pytest
@@ -23,25 +22,11 @@ from hypothesis import strategies as st
 import osfl.methods  # noqa: F401  (registers the methods)
 from osfl import assembly
 from osfl.errors import UploadError
-from osfl.fl.method import METHODS, MethodWrapper
+from osfl.fl.method import METHODS
 from osfl.fl.observers import Observers
 from osfl.fl.runtime.rounds import Inbox
-from osfl.fl.runtime.simulation import SimulationRuntime
 from osfl.fl.upload import Upload
-from smoke import smoke_config, smoke_context
-
-
-class _Captured(Exception):
-    """Stops a run at its first aggregation, carrying what the server had."""
-
-    def __init__(self, state: Any, uploads: Mapping[int, Upload]):
-        super().__init__("captured")
-        self.state, self.uploads = state, dict(uploads)
-
-
-class _Capture(MethodWrapper):
-    def aggregate(self, state: Any, uploads: Mapping[int, Upload], round: int) -> Any:
-        raise _Captured(copy.deepcopy(state), uploads)
+from smoke import first_aggregation, smoke_config, smoke_context
 
 
 def _extreme(t: torch.Tensor, kind: str) -> torch.Tensor:
@@ -69,11 +54,8 @@ def _captured(name: str) -> tuple[Any, Any, dict[int, Upload]]:
     if name not in _CAPTURED:
         cfg = smoke_config(name)
         job = assembly.build_job(cfg, name, smoke_context(cfg))
-        job = type(job)(**{**job.__dict__, "method": _Capture(job.method)})
-        with pytest.raises(_Captured) as got:
-            SimulationRuntime().execute(job)
-        job = type(job)(**{**job.__dict__, "method": job.method.inner})
-        _CAPTURED[name] = (job, got.value.state, got.value.uploads)
+        state, uploads = first_aggregation(job)
+        _CAPTURED[name] = (job, state, uploads)
     return _CAPTURED[name]
 
 

@@ -58,7 +58,7 @@ from osfl.fl.secagg_config import SECURE_WEIGHTINGS
 from osfl.fl.state_codec import state_from_bytes, state_to_bytes
 from osfl.fl.upload import Upload
 from osfl.flower.loopback import FlowerLoopbackRuntime
-from smoke import smoke_config, smoke_context
+from smoke import first_aggregation, smoke_config, smoke_context
 
 CHANCE_MARGIN = 0.1  # above 1/K
 
@@ -198,17 +198,6 @@ def check_capabilities(method: Method, result: RunResult) -> None:
         assert plan is None or isinstance(plan, SharedTraining)
 
 
-class _FirstRound(Exception):
-    def __init__(self, state: Any, uploads: Mapping[int, Upload]):
-        super().__init__("first round")
-        self.state, self.uploads = state, dict(uploads)
-
-
-class _StopAtAggregate(MethodWrapper):
-    def aggregate(self, state: Any, uploads: Mapping[int, Upload], round: int) -> Any:
-        raise _FirstRound(state, uploads)
-
-
 SECURE = [n for n in METHODS.names() if issubclass(METHODS.get(n), SecureAggregation)]
 
 
@@ -221,10 +210,7 @@ def test_a_secure_mean_aggregates_as_the_uploads_behind_it(name: str) -> None:
     weighting = secure_weighting_of(job.method)
     if weighting is None:
         pytest.skip(f"{name} needs individual uploads in this configuration")
-    stop = dataclasses.replace(job, method=_StopAtAggregate(job.method))
-    with pytest.raises(_FirstRound) as got:
-        SimulationRuntime().execute(stop)
-    state, uploads = got.value.state, got.value.uploads
+    state, uploads = first_aggregation(job)
     rule = SECURE_WEIGHTINGS.get(weighting)
     w = {c: float(rule.weight(u)) for c, u in uploads.items()}
     total = sum(w.values())

@@ -212,7 +212,7 @@ class ClientModelsMethod(Method, Screening, SharedTrainingStep):
     "num_samples": {id: n}}``. Subclasses only choose the predictor.
     """
 
-    card: ClassVar[MethodCard] = MethodCard(one_shot=True)
+    card: ClassVar[MethodCard] = MethodCard()
 
     def init_state(self) -> dict[str, Any]:
         return {"init": initial_state(self.run), "clients": {}, "num_samples": {}}

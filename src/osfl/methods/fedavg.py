@@ -85,9 +85,7 @@ class FedAvg(Method, MultiRound, Screening, SecureAggregation, SharedTrainingSte
     """Server state: the global state dict (CPU tensors)."""
 
     Config: ClassVar[type] = FedAvgConfig
-    card: ClassVar[MethodCard] = MethodCard(
-        one_shot=True, default_run=True, default_order=1, server_rule=True
-    )
+    card: ClassVar[MethodCard] = MethodCard(default_run=True, default_order=1, server_rule=True)
 
     @property
     def rounds(self) -> int:

@@ -46,7 +46,12 @@ from osfl.fl.method import (
     register_method,
 )
 from osfl.fl.upload import NUM_SAMPLES, Broadcast, MetaSpec, TensorSpec, Upload, UploadSpec
-from osfl.methods.frozen.base import FrozenEncoderMethod, TokenPredictor, part_bytes
+from osfl.methods.frozen.base import (
+    TINY_VIT_SMOKE,
+    FrozenEncoderMethod,
+    TokenPredictor,
+    part_bytes,
+)
 from osfl.methods.frozen.encoder import EncoderConfig
 
 __all__ = [
@@ -190,13 +195,7 @@ class FedCGS(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting):
 
     Config: ClassVar[type] = FedCGSConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
-        FrozenEncoderMethod.card,
-        one_shot=True,
-        smoke=(
-            "data.image_size=16",
-            "model.name=vit_tiny_patch2_16",
-            "model.kwargs={img_size: 8, patch_size: 8, depth: 1, embed_dim: 64, num_heads: 2}",
-        ),
+        FrozenEncoderMethod.card, smoke=TINY_VIT_SMOKE
     )
 
     config: FedCGSConfig

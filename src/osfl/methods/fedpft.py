@@ -49,6 +49,7 @@ from osfl.fl.seeds import derive_seed
 from osfl.fl.tensor_fit import FitConfig, fit
 from osfl.fl.upload import NUM_SAMPLES, Broadcast, MetaSpec, TensorSpec, Upload, UploadSpec
 from osfl.methods.frozen.base import (
+    TINY_VIT_SMOKE,
     FrozenEncoderMethod,
     TokenPredictor,
     flops_per_sample,
@@ -184,11 +185,8 @@ class FedPFT(FrozenEncoderMethod, SiteEvaluation, Reporting):
     Config: ClassVar[type] = FedPFTConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         FrozenEncoderMethod.card,
-        one_shot=True,
         smoke=(
-            "data.image_size=16",
-            "model.name=vit_tiny_patch2_16",
-            "model.kwargs={img_size: 8, patch_size: 8, depth: 1, embed_dim: 64, num_heads: 2}",
+            *TINY_VIT_SMOKE,
             "method.fedpft.components=3",
             "method.fedpft.max_iter=50",
             "method.fedpft.tol=0.001",

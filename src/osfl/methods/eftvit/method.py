@@ -172,7 +172,6 @@ class EFTViT(Method, MultiRound, KeepsClientState, Screening, SiteEvaluation, Re
         regime="pretrained",
         uploads="features",
         one_shot=False,
-        default_run=False,
         default_order=50,
         smoke=(
             "model.name=vit_tiny_patch2_16",

@@ -56,7 +56,6 @@ class FAFI(Method, Screening):
 
     card: ClassVar[MethodCard] = MethodCard(
         uploads="weights+prototypes",
-        one_shot=True,
         default_run=True,
         default_order=20,
         smoke=("method.fafi.augment=flip",),

@@ -68,6 +68,7 @@ from osfl.methods.falcon.upload import (
     synthetic_counts,
 )
 from osfl.methods.frozen.base import (
+    TINY_VIT_SMOKE,
     FrozenEncoderMethod,
     TokenPredictor,
     flops_per_sample,
@@ -171,12 +172,9 @@ class FALCON(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting):
     num_samples, synthetic}}, "gflops_per_sample", "phases"}``."""
     card: ClassVar[MethodCard] = dataclasses.replace(
         FrozenEncoderMethod.card,
-        uploads="synthetic_data",
-        one_shot=True,
+        uploads="synthetic_data",  # token sequences, or the generator
         smoke=(
-            "data.image_size=16",
-            "model.name=vit_tiny_patch2_16",
-            "model.kwargs={img_size: 8, patch_size: 8, depth: 1, embed_dim: 64, num_heads: 2}",
+            *TINY_VIT_SMOKE,
             "method.falcon.views={input_size: 16, window: 8, stride: 8}",
             "method.falcon.generator_model={depth: 1, heads: 2, components: 3}",
             "method.falcon.generator_fit={epochs: 20, batch_size: 128, optimizer: adamw, lr: 0.005}",

@@ -162,12 +162,8 @@ class FuseFL(Method, MultiRound, KeepsClientState, SharedTrainingStep, Reporting
     members in ``meta["members"]``)."""
 
     Config: ClassVar[type] = FuseFLConfig
-    card: ClassVar[MethodCard] = MethodCard(
-        regime="scratch",
-        uploads="weights",
-        one_shot=False,
-        smoke=(),
-    )
+    card: ClassVar[MethodCard] = MethodCard(one_shot=False)
+
     config: FuseFLConfig
 
     @property

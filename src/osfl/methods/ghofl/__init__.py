@@ -325,9 +325,6 @@ class GHOFL(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting):
     Config: ClassVar[type] = GHOFLConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         FrozenEncoderMethod.card,
-        regime="frozen_encoder",
-        uploads="statistics",
-        one_shot=True,
         smoke=(
             "data.image_size=16",
             "model.name=vit_tiny_patch2_16",
