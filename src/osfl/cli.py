@@ -513,7 +513,37 @@ def build_parser() -> argparse.ArgumentParser:
 
     certs_tool.add_arguments(certs)
     certs.set_defaults(func=certs_tool.run)
+    frun = fsub.add_parser(
+        "run",
+        help="flwr run --stream, then exit 0 when the Flower run completed, 1 when it failed",
+        description="Runs `flwr run APP SUPERLINK [flwr run options] --stream` and exits with "
+        "the run's final status (flwr ls): 0 completed, 1 failed, 2 not started.",
+    )
+    frun.add_argument("app", help="the osfl app directory (python -m osfl.flower.app DIR)")
+    frun.add_argument("superlink", help="the SuperLink connection (a name in flwr's config.toml)")
+    frun.add_argument("flwr_args", nargs=argparse.REMAINDER, help="more `flwr run` options")
+    frun.set_defaults(func=cmd_flower_run)
+    status = fsub.add_parser(
+        "status",
+        help="exit 0 when RUN_DIR holds a finished run, 1 when it failed or stopped",
+    )
+    status.add_argument("run_dir", metavar="RUN_DIR", help="a run directory the ServerApp wrote")
+    status.set_defaults(func=cmd_flower_status)
     return parser
+
+
+def cmd_flower_run(args: argparse.Namespace) -> int:
+    # heavy: Flower's app tooling (osfl.flower.app.local)
+    from osfl.flower.app.runs import flower_run
+
+    return flower_run(args.app, args.superlink, list(args.flwr_args))
+
+
+def cmd_flower_status(args: argparse.Namespace) -> int:
+    # heavy: the run-directory readers
+    from osfl.flower.app.runs import run_dir_status
+
+    return run_dir_status(args.run_dir)
 
 
 def _setup_logging(verbose: int) -> None:
@@ -545,7 +575,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.func(args))
     except (OsflError, OSError) as e:  # OSError: a path the user gave cannot be read/written
         print(f"osfl: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(e.exit_status if isinstance(e, OsflError) else 2) from None
     except KeyboardInterrupt:
         print("osfl: interrupted", file=sys.stderr)
         raise SystemExit(130) from None

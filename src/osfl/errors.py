@@ -9,7 +9,10 @@ from __future__ import annotations
 
 
 class OsflError(Exception):
-    """A user-caused error: bad configuration, bad input file, unknown name."""
+    """A user-caused error: bad configuration, bad input file, unknown name.
+    The CLI prints it as one line and exits with ``exit_status``."""
+
+    exit_status = 2
 
 
 class ConfigError(OsflError, ValueError):

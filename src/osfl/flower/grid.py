@@ -259,10 +259,32 @@ class FlowerGridRuntime:
 Serve = Callable[[Grid, JobSpec], Any]
 
 
+class OneLineOsflErrors(logging.Filter):
+    """Flower logs a ServerApp's exception with its whole traceback ("ServerApp
+    raised an exception", ``flwr/superlink/runtime/run_serverapp.py``). An
+    osfl error is a user's mistake osfl already explains in one line (an
+    existing out-dir, a site with a foreign class folder): the log gets that
+    line alone, ``osfl: error: ...``; any other exception keeps its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if isinstance(error, OsflError):
+            record.msg, record.args = "osfl: error: %s", (error,)
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+#: Installed on Flower's logger by every osfl ServerApp (once per process).
+ONE_LINE_ERRORS = OneLineOsflErrors()
+
+
 def make_server_app(serve: Serve, spec: JobSpec | None = None) -> ServerApp:
     """A ServerApp that calls ``serve(grid, spec)`` (default spec: each run's
-    run config)."""
+    run config); its osfl errors reach Flower's log as one line."""
     app = ServerApp()
+    flwr_logger = logging.getLogger("flwr")
+    if ONE_LINE_ERRORS not in flwr_logger.filters:
+        flwr_logger.addFilter(ONE_LINE_ERRORS)
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:

@@ -127,7 +127,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _json_tail(out: str) -> dict[str, Any]:
+def json_tail(out: str) -> dict[str, Any]:
     """The JSON document a ``flwr ... --format json`` command printed (after
     any status lines)."""
     start = out.find("{") if out.lstrip().startswith("{") else out.find("\n{") + 1
@@ -140,7 +140,7 @@ def _json_tail(out: str) -> dict[str, Any]:
     return doc
 
 
-def _bin(name: str) -> str:
+def flower_bin(name: str) -> str:
     """A Flower console script next to this Python (or on PATH)."""
     here = Path(sys.executable).with_name(name)
     found = str(here) if here.exists() else shutil.which(name)
@@ -316,7 +316,7 @@ class LocalFederation:
         return {"address": self.superlink_address, "insecure": True}
 
     def _superlink_args(self) -> list[str]:
-        args = [_bin("flower-superlink")]
+        args = [flower_bin("flower-superlink")]
         args += self.certs.superlink_flags() if self.certs is not None else ["--insecure"]
         if self.node_auth:
             args.append("--enable-supernode-auth")
@@ -338,7 +338,7 @@ class LocalFederation:
         extra_args: Sequence[str] = (),
     ) -> tuple[list[str], int]:
         port = free_port()
-        args = [_bin("flower-supernode")]
+        args = [flower_bin("flower-supernode")]
         if insecure or self.certs is None:
             args.append("--insecure")
         else:
@@ -423,7 +423,7 @@ class LocalFederation:
         error with its output."""
         try:
             done = subprocess.run(
-                [_bin("flwr"), *args],
+                [flower_bin("flwr"), *args],
                 cwd=self.workdir,
                 env=self.env,
                 capture_output=True,
@@ -452,14 +452,14 @@ class LocalFederation:
             "json",
             timeout=self.start_timeout,
         )
-        return int(_json_tail(out)["node-id"])
+        return int(json_tail(out)["node-id"])
 
     def supernodes(self) -> list[dict[str, Any]]:
         """The SuperLink's node table (``flwr supernode ls --format json``):
         one dict per node with ``node-id``, ``status`` (``registered``,
         ``online``, ``offline``, ...) and timestamps."""
         out = self._flwr("supernode", "ls", CONNECTION, "--format", "json", timeout=60)
-        return list(_json_tail(out).get("nodes", []))
+        return list(json_tail(out).get("nodes", []))
 
     def online_node_ids(self) -> list[int]:
         """Ids of the nodes the SuperLink sees online now."""
@@ -546,24 +546,22 @@ class LocalFederation:
         self.stop()
 
     # --- running a job ----------------------------------------------------
+    def run_args(self, spec: JobSpec) -> list[str]:
+        """``APP SUPERLINK --run-config FILE`` for ``flwr run`` (or ``osfl
+        flower run``): the app directory and the spec's run config, written
+        under this federation's work directory."""
+        app = write_app(self.workdir / "app", spec)
+        overrides = self.workdir / "run-config.toml"
+        overrides.write_text(tomli_w.dumps(spec.to_run_config()))
+        return [str(app), CONNECTION, "--run-config", str(overrides)]
+
     def run(self, spec: JobSpec, timeout: float = 600.0) -> Path:
         """Submit ``spec`` with ``flwr run --stream`` and wait for the run to
         end; returns the run directory the ServerApp wrote (``spec.out_dir``,
         required here so that it can be found)."""
         if not spec.out_dir:
             raise ConfigError("LocalFederation.run needs spec.out_dir (where the server writes)")
-        app = write_app(self.workdir / "app", spec)
-        overrides = self.workdir / "run-config.toml"
-        overrides.write_text(tomli_w.dumps(spec.to_run_config()))
-        cmd = [
-            _bin("flwr"),
-            "run",
-            str(app),
-            CONNECTION,
-            "--run-config",
-            str(overrides),
-            "--stream",
-        ]
+        cmd = [flower_bin("flwr"), "run", *self.run_args(spec), "--stream"]
         log_file = self.workdir / "flwr-run.log"
         with log_file.open("wb") as f:
             try:
