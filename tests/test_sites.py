@@ -18,10 +18,10 @@ from osfl import site_assembly
 from osfl.config import load_config, to_yaml
 from osfl.data.sources import load_data
 from osfl.errors import ConfigError, DataError
-from osfl.fl.runtime.sites import NoClientData, SiteScore, merge_site_scores
+from osfl.fl.runtime.sites import NoClientData, Site, SiteRegistry, SiteScore, merge_site_scores
 from osfl.flower.app.apps import serve_experiment
 from osfl.flower.client import make_client_app
-from osfl.flower.loopback import LoopbackGrid, loopback_identity
+from osfl.flower.loopback import FIRST_NODE_ID, LoopbackGrid, loopback_identity
 from osfl.flower.spec import JobSpec
 
 CLASSES = [str(i) for i in range(10)]
@@ -177,3 +177,91 @@ def test_site_scores_are_checked_and_merged_exactly() -> None:
     ):
         with pytest.raises(DataError, match="site 4"):
             SiteScore.from_meta(bad, 2, client=4)
+
+
+# --------------------------------------------------------------------------- identity
+def _registry(path: Path, sizes: dict[int, int], nodes: dict[int, int]) -> str:
+    entries = [
+        {"partition-id": c, "node-id": nodes[c], "num-samples": n} for c, n in sizes.items()
+    ]
+    path.write_text(json.dumps({"sites": entries}))
+    return str(path)
+
+
+def _train_size(sites: Path, name: str) -> int:
+    return len(list((sites / name / "train").rglob("*.png")))
+
+
+def test_a_node_claiming_another_sites_partition_id_is_refused(sites, tmp_path, caplog) -> None:
+    """Four nodes, the second an impostor that claims partition-id 1 and
+    answers before the real site 1. With a site registry (partition id ->
+    registered node id) it is refused and logged, and the run equals the
+    three honest sites' run; without one it would have taken site 1's place."""
+    data = ["site0", "server", "site1", "site2"]  # node 1: another's data, claims site 1
+    nodes = [{"data": f"imagefolder:{sites / d}"} for d in data]
+    nodes[1]["partition-id"], nodes[2]["partition-id"], nodes[3]["partition-id"] = 1, 1, 2
+    real = {0: FIRST_NODE_ID, 1: FIRST_NODE_ID + 2, 2: FIRST_NODE_ID + 3}
+    sizes = {c: _train_size(sites, f"site{c}") for c in range(3)}
+
+    def run(registry: str, out: str) -> dict[str, Any]:
+        spec = JobSpec(
+            experiment=experiment(),
+            sites=True,
+            out_dir=str(tmp_path / out),
+            site_registry=registry,
+        )
+        grid = LoopbackGrid(
+            make_client_app(site_assembly.job_for_spec),
+            4,
+            run_config=spec.to_run_config(),
+            node_configs=nodes,
+        )
+        with loopback_identity():
+            return serve_experiment(grid, spec)[1]
+
+    with caplog.at_level("ERROR"):
+        guarded = run(_registry(tmp_path / "reg.json", sizes, real), "guarded")
+    assert f"node {FIRST_NODE_ID + 1} claims partition-id 1, which is registered to node" in (
+        caplog.text
+    )
+    honest = serve(sites, tmp_path / "honest", ["site0", "site1", "site2"])
+    assert guarded["global_test_accuracy"] == honest["global_test_accuracy"]
+    assert guarded["bytes_up"] == honest["bytes_up"]
+    unguarded = run("", "unguarded")  # first answer wins: the impostor plays site 1
+    assert unguarded["global_test_accuracy"] != honest["global_test_accuracy"]
+
+
+def test_a_site_is_held_to_the_size_it_declared(sites, tmp_path) -> None:
+    """The server bounds a site's ``num_samples`` by its declared size, not by
+    the global ``server.max_num_samples``: a site that claims more is refused."""
+    sizes = {c: _train_size(sites, f"site{c}") for c in range(3)}
+    sizes[0] -= 1  # site 0 uploads its real count, one more than it declared
+    nodes = {c: FIRST_NODE_ID + c for c in range(3)}
+    record = serve(
+        sites,
+        tmp_path,
+        ["site0", "site1", "site2"],
+        site_registry=_registry(tmp_path / "reg.json", sizes, nodes),
+    )
+    ((_, client, why),) = record["refused"]
+    assert client == 0 and "meta.num_samples" in why and f"{sizes[0]}" in why
+
+
+def test_a_site_registry_is_checked(tmp_path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"sites": [{"partition-id": 0, "node-id": 5, "num-samples": 0}]}))
+    with pytest.raises(DataError, match="declares no samples"):
+        SiteRegistry.from_file(bad)
+    bad.write_text(json.dumps({"sites": [{"partition-id": 0, "node-id": "x", "num-samples": 9}]}))
+    with pytest.raises(DataError, match="'node-id' must be an integer"):
+        SiteRegistry.from_file(bad)
+    bad.write_text("[" * 5000 + "]" * 5000)
+    with pytest.raises(DataError, match="unreadable"):
+        SiteRegistry.from_file(bad)
+    two = SiteRegistry([Site(0, 5, 10), Site(1, 6, 10)])
+    with pytest.raises(ConfigError, match="register each site once"):
+        NoClientData(3, two)
+    with pytest.raises(DataError, match="listed twice"):
+        SiteRegistry([Site(0, 5, 10), Site(1, 5, 10)])
+    data = NoClientData(2, two)
+    assert (data.size(1), data.node_id(1), data.node_id(7)) == (10, 6, None)

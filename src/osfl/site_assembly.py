@@ -25,7 +25,7 @@ from osfl.fl.context import RunContext
 from osfl.fl.method import SiteEvaluation, capability
 from osfl.fl.progress import Progress
 from osfl.fl.runtime.base import Job
-from osfl.fl.runtime.sites import NoClientData, SiteData, align_classes
+from osfl.fl.runtime.sites import NoClientData, SiteData, SiteRegistry, align_classes
 
 __all__ = ["check_sites", "job_for_spec", "site_client_job", "site_run", "site_server_job"]
 
@@ -114,9 +114,11 @@ def site_server_job(
     seed: int,
     server_test: str = "",
     progress: Progress | None = None,
+    registry: SiteRegistry | None = None,
 ) -> Job:
     """The server's job: no client data; evaluation on ``server_test`` when
-    given, else at the sites (the method must be able to release its model)."""
+    given, else at the sites (the method must be able to release its model).
+    ``registry``: which node plays each site and its declared size."""
     run = assembly.method_run(cfg, name, site_run(cfg, seed, progress))
     method = assembly.build_method(cfg, name, run)
     evaluator: Any = None
@@ -132,7 +134,7 @@ def site_server_job(
     return Job(
         method=method,
         run=run,
-        clients=NoClientData(cfg.partition.num_clients),
+        clients=NoClientData(cfg.partition.num_clients, registry),
         seed=seed,
         evaluator=evaluator,
         eval_every=cfg.eval_every if server_test else 0,

@@ -47,15 +47,21 @@ log = logging.getLogger(__name__)
 
 
 def wait_for_nodes(
-    grid: Grid, count: int, timeout: float, poll: float = 0.5, at_least: int | None = None
+    grid: Grid,
+    count: int,
+    timeout: float,
+    poll: float = 0.5,
+    at_least: int | None = None,
+    registered: frozenset[int] = frozenset(),
 ) -> list[int]:
-    """The connected node ids once ``count`` are connected, or, when
-    ``timeout`` passes, once at least ``at_least`` (default ``count``) are."""
+    """The connected node ids once ``count`` are connected (every one of the
+    ``registered`` nodes among them, when the server knows which they are), or,
+    when ``timeout`` passes, once at least ``at_least`` (default ``count``) are."""
     deadline = time.monotonic() + timeout
     need = count if at_least is None else at_least
     while True:
         nodes = sorted(grid.get_node_ids())
-        if len(nodes) >= count:
+        if len(nodes) >= count and registered <= set(nodes):
             return nodes
         if time.monotonic() > deadline:
             if len(nodes) >= need:
@@ -74,9 +80,15 @@ def discover_clients(grid: Grid, job: Job, digest: str, timeout: float) -> dict[
     The query carries the server's job digest and parts; a node whose own job
     differs (another config, data or osfl version) answers with an error that
     names the differing parts, and the run stops here rather than mid-way.
+    Where the server knows which authenticated node was registered for each
+    client (``job.clients.node_id``: a site registry), a node that claims
+    another node's partition id is refused and logged as an impostor, whatever
+    the order of the answers.
     """
     need = job.run.server.min_clients
-    nodes = wait_for_nodes(grid, job.num_clients, timeout, at_least=need)
+    registered = {c: job.clients.node_id(c) for c in range(job.num_clients)}
+    known = frozenset(n for n in registered.values() if n is not None)
+    nodes = wait_for_nodes(grid, job.num_clients, timeout, at_least=need, registered=known)
     query = whoami_query(digest, job_parts(job))
     msgs = [Message(query, dst_node_id=n, message_type=MSG_WHOAMI) for n in nodes]
     mapping: dict[int, int] = {}
@@ -94,6 +106,15 @@ def discover_clients(grid: Grid, job: Job, digest: str, timeout: float) -> dict[
             cid, theirs = read_whoami(reply.content)
         except Exception as e:  # a malformed answer: that node cannot be used
             problems.append(f"node {node}: {type(e).__name__}: {e}")
+            continue
+        owner = registered.get(cid)
+        if owner is not None and node != owner:
+            log.error(
+                "node %d claims partition-id %d, which is registered to node %d: refused",
+                node,
+                cid,
+                owner,
+            )
             continue
         if theirs != digest:
             problems.append(f"node {node} (partition-id {cid}) built job {theirs}, not {digest}")

@@ -69,6 +69,9 @@ class JobSpec:
     sites: bool = False
     server_test: str = ""
     resume: bool = False
+    #: the ServerApp's site registry (a JSON file on the server's host:
+    #: partition id -> registered node id and declared size; real sites)
+    site_registry: str = ""
     #: a site's id and own data specs (``partition-id``, ``data``, ``test-data``)
     node: tuple[tuple[str, str], ...] = ()
 
@@ -101,6 +104,7 @@ class JobSpec:
             sites=get("sites", bool, False),
             server_test=get("server-test", str, ""),
             resume=get("resume", bool, False),
+            site_registry=get("site-registry", str, ""),
         )
 
     def with_node(self, node_config: Mapping[str, Any]) -> JobSpec:
@@ -127,6 +131,7 @@ class JobSpec:
             "sites": bool(self.sites),
             "server-test": self.server_test,
             "resume": bool(self.resume),
+            "site-registry": self.site_registry,
         }
 
 

@@ -30,7 +30,11 @@ Evaluator = Callable[["Predictor"], Mapping[str, Any]]
 
 
 class ClientData(Protocol):
-    """Each client's training data, by client id (what a client can read)."""
+    """Each client's training data, by client id (what a client can read).
+    ``holds_data``: this process holds every client's data (the simulation,
+    a rehearsal), so it knows their labels; a real-sites server does not."""
+
+    holds_data: bool
 
     @property
     def num_clients(self) -> int: ...
@@ -39,7 +43,13 @@ class ClientData(Protocol):
 
     def size(self, client: int) -> int | None:
         """How many samples the client holds, where the server knows it (a
-        rehearsal: it bounds the client's ``meta.num_samples``), else ``None``."""
+        rehearsal's partition, a real site's declared size: it bounds the
+        client's ``meta.num_samples``), else ``None``."""
+        ...
+
+    def node_id(self, client: int) -> int | None:
+        """The authenticated node registered to play ``client``, where the
+        server knows it (real sites with a site registry), else ``None``."""
         ...
 
 
@@ -47,6 +57,8 @@ class PartitionedData:
     """The clients of a :class:`~osfl.data.federation.Federation` over one train
     set (simulation and Flower rehearsals): client ``c`` holds
     ``train.subset(federation.client_indices[c])``, built once."""
+
+    holds_data = True
 
     def __init__(self, train: ImageSet, federation: Federation):
         self.train = train
@@ -61,6 +73,9 @@ class PartitionedData:
         if not 0 <= client < self.num_clients:
             return None
         return len(self.federation.client_indices[client])
+
+    def node_id(self, client: int) -> int | None:
+        return None  # a rehearsal: every node builds the whole federation
 
     def data(self, client: int) -> ImageSet:
         if not 0 <= client < self.num_clients:

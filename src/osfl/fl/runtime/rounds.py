@@ -273,7 +273,7 @@ class Inbox:
         without local steps, or a client in another process)."""
         if turn.step_labels is not None:
             labels, source = turn.step_labels, "steps"
-        elif self.job.clients.size(c) is None:  # a real site: the server knows nothing
+        elif not self.job.clients.holds_data:  # real sites: the server knows nothing
             return None
         else:
             labels, source = self.job.clients.data(c).labels, "data"

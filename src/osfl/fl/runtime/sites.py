@@ -8,9 +8,12 @@ In a rehearsal every party builds the whole federation from one data set
   config and mapped onto the class names the job agreed on
   (:func:`align_classes`: a folder whose name is not one of them is refused
   before training, naming it);
-- the server's :class:`NoClientData` knows how many sites there are and
-  nothing else, so ``meta.num_samples`` is bounded by
-  ``server.max_num_samples`` rather than by a partition size it cannot know;
+- the server's :class:`NoClientData` knows how many sites there are and,
+  from the :class:`SiteRegistry` the operator gives it (run config
+  ``site-registry``), which authenticated node plays which site and how many
+  samples each declared at the start: a node claiming another site's
+  partition id is refused, and ``meta.num_samples`` is bounded by the site's
+  declared size (without a registry, by ``server.max_num_samples``);
 - without a server test set the sites evaluate the released final model on
   their own test sets and report counts (:class:`SiteScore`), which
   :func:`merge_site_scores` adds up into the federation's accuracy.
@@ -18,10 +21,12 @@ In a rehearsal every party builds the whole federation from one data set
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from osfl import jsonio
 from osfl.data.classes import align_classes
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError, DataError
@@ -29,7 +34,9 @@ from osfl.fl.evaluate import correct_per_class
 
 __all__ = [
     "NoClientData",
+    "Site",
     "SiteData",
+    "SiteRegistry",
     "SiteScore",
     "align_classes",
     "merge_site_scores",
@@ -37,16 +44,90 @@ __all__ = [
 ]
 
 
-class NoClientData:
-    """The server's view of the sites: their number, not their data."""
+@dataclass(frozen=True)
+class Site:
+    """One site as the federation agreed at the start: the client id it plays
+    (``partition-id``), the node id the SuperLink gave its public key when it
+    was registered (``flwr supernode register KEY``: with node authentication
+    only the holder of that key is that node), and the samples it declared."""
 
-    def __init__(self, num_clients: int):
+    partition_id: int
+    node_id: int
+    num_samples: int
+
+
+def _int(entry: Mapping[str, Any], key: str, where: str) -> int:
+    value = entry.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise DataError(f"{where}: {key!r} must be an integer >= 0, got {value!r}")
+    return value
+
+
+class SiteRegistry:
+    """Which authenticated node plays which site, and each site's declared
+    size: a site's identity is its key, not the ``partition-id`` it claims."""
+
+    def __init__(self, sites: Sequence[Site]):
+        self.by_client = {s.partition_id: s for s in sites}
+        nodes = [s.node_id for s in sites]
+        if len(self.by_client) != len(sites) or len(set(nodes)) != len(nodes):
+            raise DataError("site registry: a partition id or a node id is listed twice")
+        for s in sites:
+            if s.num_samples < 1:
+                raise DataError(f"site registry: site {s.partition_id} declares no samples")
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> SiteRegistry:
+        """``{"sites": [{"partition-id": 0, "node-id": 7765, "num-samples": 540}, ...]}``."""
+        try:
+            doc = jsonio.loads(Path(path).read_text(), max_depth=4)
+        except (OSError, ValueError) as e:
+            raise DataError(f"site registry {path}: unreadable ({e})") from e
+        entries = doc.get("sites") if isinstance(doc, dict) else None
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise DataError(f"site registry {path}: no list of sites under 'sites'")
+        where = f"site registry {path}"
+        return cls(
+            [
+                Site(
+                    _int(e, "partition-id", where),
+                    _int(e, "node-id", where),
+                    _int(e, "num-samples", where),
+                )
+                for e in entries
+            ]
+        )
+
+    def check(self, num_clients: int) -> None:
+        """Every site of the federation is registered, and no other."""
+        want = set(range(num_clients))
+        if set(self.by_client) != want:
+            raise ConfigError(
+                f"the site registry lists partition ids {sorted(self.by_client)}; the run has "
+                f"{num_clients} sites (0..{num_clients - 1}): register each site once"
+            )
+
+
+class NoClientData:
+    """The server's view of the sites: their number, not their data, and (with
+    a registry) which node plays each and how many samples it declared."""
+
+    holds_data = False
+
+    def __init__(self, num_clients: int, registry: SiteRegistry | None = None):
         if num_clients < 1:
             raise ConfigError(f"a federation needs at least one site, got {num_clients}")
-        self.num_clients = num_clients
+        if registry is not None:
+            registry.check(num_clients)
+        self.num_clients, self.registry = num_clients, registry
 
     def size(self, client: int) -> int | None:
-        return None
+        site = self.registry.by_client.get(client) if self.registry is not None else None
+        return None if site is None else site.num_samples
+
+    def node_id(self, client: int) -> int | None:
+        site = self.registry.by_client.get(client) if self.registry is not None else None
+        return None if site is None else site.node_id
 
     def data(self, client: int) -> ImageSet:
         raise ConfigError(
@@ -56,6 +137,8 @@ class NoClientData:
 
 class SiteData:
     """One site's own data (``client`` is its id among ``num_clients``)."""
+
+    holds_data = False  # its own only
 
     def __init__(self, client: int, num_clients: int, train: ImageSet, test: ImageSet | None):
         if not 0 <= client < num_clients:
@@ -67,6 +150,9 @@ class SiteData:
 
     def size(self, client: int) -> int | None:
         return len(self.train) if client == self.client else None
+
+    def node_id(self, client: int) -> int | None:
+        return None  # a site does not check the others' identities
 
     def data(self, client: int) -> ImageSet:
         if client != self.client:

@@ -29,6 +29,7 @@ from osfl.errors import ConfigError
 from osfl.experiment import Plan, execute_plan, plan_experiment
 from osfl.fl.observers import Observer
 from osfl.fl.runtime.base import RunResult
+from osfl.fl.runtime.sites import SiteRegistry
 from osfl.flower.client import make_client_app
 from osfl.flower.grid import make_server_app
 from osfl.flower.secagg_client import add_secure_train
@@ -148,8 +149,17 @@ def _check_out_dir(out: Path, config_text: str, *, resume: bool) -> None:
 
 
 def _site_plan(cfg: Any, name: str, seed: int, spec: JobSpec, runtime: Any) -> Plan:
-    """The plan of a real-sites server: one job, no client data."""
-    job = site_assembly.site_server_job(cfg, name, seed, spec.server_test)
+    """The plan of a real-sites server: one job, no client data; the site
+    registry (run config ``site-registry``) binds each site to its node's key
+    and bounds its ``num_samples`` by the size it declared."""
+    registry = SiteRegistry.from_file(spec.site_registry) if spec.site_registry else None
+    if registry is None:
+        log.warning(
+            "no site-registry: each site is taken at its word for its partition-id and "
+            "num_samples is bounded only by server.max_num_samples=%d (docs/flower-security.md)",
+            cfg.server.max_num_samples,
+        )
+    job = site_assembly.site_server_job(cfg, name, seed, spec.server_test, registry=registry)
     job.method.check()
     cfg = assembly.resolve_threads(cfg, None)  # the sites pin their own threads
     return Plan(cfg, None, runtime, [(assembly.SeedContext(None, None, job.run), [job])])
