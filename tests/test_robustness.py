@@ -59,7 +59,10 @@ def test_robust_rules_are_not_moved_by_one_huge_client(rule: str) -> None:
         states, [1] * 5, ServerConfig(clip_norm=2.0), rule=rule, reference=reference
     )
     assert torch.isfinite(out["w"]).all()
-    assert float(out["w"].max()) <= 1.1 + 1e-6  # within the honest clients' range
+    # within the honest clients' range; centered clipping lets each client pull
+    # its centre by at most tau / n (here 2 / 5, over all 7 coordinates together)
+    slack = 2.0 / 5 if rule == "centered_clip" else 0.0
+    assert float(out["w"].max()) <= 1.1 + slack + 1e-6
     mean = combine(values, "mean")["w"]
     assert float(mean.max()) > 1e37  # the plain mean follows the attacker
 
@@ -96,6 +99,41 @@ def test_krum_on_too_few_survivors_caps_f_and_stays_krum(caplog) -> None:
     multi = combine(values, "multi_krum", byzantine=1)["w"]  # m = n - f = 4 with f capped to 0
     assert torch.allclose(multi, torch.full((7,), sum(values) / 4, dtype=torch.float32))
     assert krum_tolerance(5, 1) == 1 and krum_tolerance(4, 1) == 0 and krum_tolerance(2, 3) == 0
+
+
+def _authors_clipping(inputs: list[torch.Tensor], tau: float, n_iter: int) -> torch.Tensor:
+    """Centered clipping as the authors' code computes it (Karimireddy et al.,
+    epfml/byzantine-robust-optimizer, ``codes/aggregator/clipping.py``:
+    ``Clipping.__call__`` from a zero momentum), restated here."""
+    momentum = torch.zeros_like(inputs[0])
+    for _ in range(n_iter):
+        clipped = []
+        for v in inputs:
+            d = v - momentum
+            clipped.append(d * min(1.0, tau / float(torch.norm(d))))
+        momentum = sum(clipped) / len(inputs) + momentum
+    return momentum
+
+
+def test_centered_clip_equals_the_authors_iteration_and_reaches_its_fixed_point() -> None:
+    reference = {"w": torch.zeros(4), "n": torch.tensor(0)}
+    values = [1.0, 1.1, 0.9, 1.0, -100.0]
+    states = states_of(values, count=4)
+    for it in (1, 2, 5):
+        rule = ServerConfig(aggregator="centered_clip", clip_norm=2.0, cc_iterations=it)
+        got = aggregate_states(states, [1.0] * 5, rule, rule="centered_clip", reference=reference)
+        want = _authors_clipping([s["w"].double() for s in states], 2.0, it)
+        assert torch.allclose(got["w"].double(), want, atol=1e-6), it
+    # to its fixed point: four honest pulls of (1 - v) against one clipped push of
+    # tau / |(1, 1, 1, 1)| = 1 per coordinate: 4 (1 - v) = 1, v = 0.75
+    rule = ServerConfig(aggregator="centered_clip", clip_norm=2.0)
+    fixed = aggregate_states(states, [9, 1, 1, 1, 1], rule, rule="centered_clip", reference=reference)
+    assert torch.allclose(fixed["w"], torch.full((4,), 0.75), atol=1e-5)
+    # the poison's size does not matter, only that it is one of five (uniform, as the paper)
+    states[-1]["w"] = torch.full((4,), -1e30)
+    again = aggregate_states(states, [9, 1, 1, 1, 1], rule, rule="centered_clip", reference=reference)
+    assert torch.allclose(again["w"], fixed["w"], atol=1e-5)
+    assert int(fixed["n"]) == round((0 * 9 + 1 + 2 + 3 + 4) / 13)  # integers: weighted mean
 
 
 def test_norm_clip_bounds_every_update() -> None:
@@ -197,6 +235,19 @@ def test_bad_byzantine_options_are_refused() -> None:
         byzantine_config({"clients": [1, 1]})
     with pytest.raises(ConfigError, match=r"\[9\] do not exist: the run has 5 clients"):
         ByzantineConfig(clients=[0, 9]).check_clients(5)
+
+
+def test_poisoned_clients_are_picked_by_data_size() -> None:
+    sizes = [5, 9, 3, 9, 1]
+    assert ByzantineConfig(pick="largest", count=2).resolved(sizes).clients == [1, 3]
+    assert ByzantineConfig(pick="smallest", count=1).resolved(sizes).clients == [4]
+    assert ByzantineConfig(clients=[2]).resolved(sizes).clients == [2]
+    with pytest.raises(ConfigError, match="chooses the clients itself"):
+        ByzantineConfig(clients=[0], pick="largest")
+    with pytest.raises(ConfigError, match="count=6 exceeds the run's 5 clients"):
+        ByzantineConfig(pick="smallest", count=6).resolved(sizes)
+    with pytest.raises(ConfigError, match="byzantine.pick must be one of"):
+        ByzantineConfig(pick="richest")
 
 
 #: What a fuzzer of the receive path found ends the round; each is one kind now.

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +56,7 @@ from osfl.pretrain.card import check_disjoint, pretrained_info
 from osfl.privacy.audit import AuditSession, parse_audit
 from osfl.privacy.defenses import apply_defense, defense_config
 from osfl.registry import Registry
-from osfl.robustness import apply_byzantine, byzantine_config
+from osfl.robustness import apply_byzantine, byzantine_config, poisoned_by
 
 #: runtime name -> ``factory(cfg) -> Runtime`` (``runtime:`` in a config).
 RUNTIMES: Registry[Callable[[ExperimentConfig], Runtime]] = Registry("runtime")
@@ -344,11 +344,14 @@ def seed_context(
 
 
 # --------------------------------------------------------------------------- methods
-def build_method(cfg: ExperimentConfig, name: str, run: RunContext) -> Method:
+def build_method(
+    cfg: ExperimentConfig, name: str, run: RunContext, sizes: Sequence[int] | None = None
+) -> Method:
     """Method ``name`` with its config from ``cfg.method[name]``, wrapped in the
     config's client-side ``defense`` (clipping + DP noise) when it has one, and
-    in the ``byzantine`` poison of the clients it names (outermost: a poisoned
-    client does not run the defence honestly)."""
+    in the ``byzantine`` poison of the clients it names or picks from their
+    data ``sizes`` (outermost: a poisoned client does not run the defence
+    honestly)."""
     cls = METHODS.get(name)
     rule = cfg.server.aggregator
     if rule != "mean" and not cls.card.server_rule:
@@ -359,7 +362,7 @@ def build_method(cfg: ExperimentConfig, name: str, run: RunContext) -> Method:
             "method.fafi.fusion=median: docs/robustness.md)"
         )
     method = cls(method_config(cls, cfg.method.get(name, {})), run)
-    return apply_byzantine(apply_defense(method, cfg.defense), cfg.byzantine)
+    return apply_byzantine(apply_defense(method, cfg.defense), cfg.byzantine, sizes)
 
 
 def test_evaluator(test: ImageSet, run: RunContext) -> Callable[[Any], dict[str, Any]]:
@@ -413,7 +416,7 @@ def build_job(cfg: ExperimentConfig, name: str, ctx: SeedContext) -> Job:
     """Method ``name`` × the seed of ``ctx``, ready for a runtime."""
     run = method_run(cfg, name, ctx.run)
     return Job(
-        method=build_method(cfg, name, run),
+        method=build_method(cfg, name, run, [len(ix) for ix in ctx.federation.client_indices]),
         run=run,
         clients=PartitionedData(ctx.splits.train, ctx.federation),
         seed=ctx.run.seed,
@@ -452,8 +455,10 @@ def run_record(
     m["warnings"] = list(dict.fromkeys(result.warnings))
     if cfg.defense:
         m["defense"] = dict(cfg.defense)
-    if cfg.byzantine:
-        m["byzantine"] = dict(cfg.byzantine)
+    poison = poisoned_by(job.method)
+    if poison is not None:  # the clients it chose this seed, not only how it chose them
+        chosen = {k: v for k, v in dict(cfg.byzantine).items() if k != "clients"}
+        m["byzantine"] = {**dataclasses.asdict(poison), **chosen}
     if "mean_client_accuracy" in m:  # the `local` floor: its accuracy is the clients' mean
         m["global_test_accuracy"] = m["mean_client_accuracy"]
     fed = ctx.federation

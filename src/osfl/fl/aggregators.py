@@ -21,6 +21,14 @@ raising on states that passed validation:
 - ``norm_clip``: each update (state − reference) clipped to L2 norm τ
   (``clip_norm``; default the round's median update norm), then the weighted
   mean (Sun et al., "Can You Really Backdoor Federated Learning?", 2019, §4).
+- ``centered_clip``: centered clipping (Karimireddy, He, Jaggi, "Learning
+  from History for Byzantine Robust Optimization", ICML 2021, Alg. 2), a rule
+  built for heterogeneous (non-IID) clients: from the broadcast ``v`` (the
+  role of their momentum), ``v ← v + (1/n) Σ_i (x_i − v) min(1, τ/‖x_i − v‖)``
+  until it stops moving (relative change below 1e-6) or ``cc_iterations``
+  times; τ = ``clip_norm``, or the median of the clients' initial distances
+  ‖x_i − v₀‖. As in the paper each client counts 1/n, whatever its data size:
+  a poisoned client moves the centre by at most τ/n per step.
 
 Integer buffers (BatchNorm's ``num_batches_tracked``) always take the
 weighted mean, rounded.
@@ -50,6 +58,7 @@ class RuleParams(Protocol):
     byzantine: int
     krum_select: int | None
     clip_norm: float | None
+    cc_iterations: int
 
 
 Aggregator = Callable[
@@ -206,6 +215,32 @@ def _norm_clip(states, weights, reference, params) -> StateDict:
             c[name] = (ref + k * (s[name].to(torch.float64) - ref)).to(s[name].dtype)
         clipped.append(c)
     return weighted_mean(clipped, weights)
+
+
+@AGGREGATORS.register("centered_clip")
+def _centered_clip(states, weights, reference, params) -> StateDict:
+    if reference is None:  # no broadcast to centre on: the median is the start
+        reference = _median(states, weights, None, params)
+    keys, updates = _updates(states, reference)
+    n = updates.shape[0]
+    first = updates.norm(dim=1)
+    tau = params.clip_norm if params.clip_norm is not None else float(first.median())
+    center = torch.zeros(updates.shape[1], dtype=torch.float64)
+    for _ in range(params.cc_iterations):
+        diff = updates - center
+        norms = diff.norm(dim=1, keepdim=True).clamp(min=1e-12)
+        step = (diff * torch.clamp(tau / norms, max=1.0)).sum(dim=0) / n
+        center = center + step
+        if float(step.norm()) <= 1e-6 * max(float(center.norm()), 1e-12):
+            break
+    out = weighted_mean(states, weights)  # integer buffers: the weighted mean, rounded
+    offset = 0
+    for name in keys:
+        ref = reference[name].to(torch.float64)
+        part = center[offset : offset + ref.numel()].reshape(ref.shape)
+        out[name] = (ref + part).to(states[0][name].dtype)
+        offset += ref.numel()
+    return out
 
 
 def aggregate_states(

@@ -25,11 +25,12 @@ MEMBER_FILTERS = ("none", "finite", "finite_norm")
 class ServerConfig:
     """``aggregator``: how weight-averaging methods combine client states
     (``mean``, ``median``, ``trimmed_mean``, ``krum``, ``multi_krum``,
-    ``norm_clip``; :data:`osfl.fl.aggregators.AGGREGATORS`), with
-    ``trim_fraction`` (trimmed mean: the share cut at each end),
-    ``byzantine`` (Krum's f), ``krum_select`` (Multi-Krum's m; null: n − f)
-    and ``clip_norm`` (norm clipping's bound on each update; null: the median
-    update norm of the round). ``member_filter``: ``none``, ``finite`` (a
+    ``norm_clip``, ``centered_clip``; :data:`osfl.fl.aggregators.AGGREGATORS`),
+    with ``trim_fraction`` (trimmed mean: the share cut at each end),
+    ``byzantine`` (Krum's f), ``krum_select`` (Multi-Krum's m; null: n − f),
+    ``clip_norm`` (norm and centered clipping's τ; null: the median update norm
+    of the round) and ``cc_iterations`` (centered clipping's most iterations;
+    it stops earlier at its fixed point). ``member_filter``: ``none``, ``finite`` (a
     member whose outputs on a probe batch are not finite is refused) or
     ``finite_norm`` (also a member whose update norm exceeds
     ``max_update_norm``). ``max_update_norm`` also bounds the update of
@@ -46,6 +47,7 @@ class ServerConfig:
     byzantine: int = 1
     krum_select: int | None = None
     clip_norm: float | None = None
+    cc_iterations: int = 100
     member_filter: str = "none"
     max_update_norm: float | None = None
     max_upload_bytes: int | None = None
@@ -71,6 +73,7 @@ class ServerConfig:
             self.clip_norm is None or self.clip_norm > 0,
             f"clip_norm must be > 0 or null, got {self.clip_norm}",
         )
+        need(self.cc_iterations >= 1, f"cc_iterations must be >= 1, got {self.cc_iterations}")
         need(
             self.member_filter in MEMBER_FILTERS,
             f"member_filter must be one of {', '.join(MEMBER_FILTERS)}, got {self.member_filter!r}",

@@ -8,6 +8,7 @@ from osfl.robustness.byzantine import (
     ByzantineMethod,
     apply_byzantine,
     byzantine_config,
+    poisoned_by,
 )
 
 __all__ = [
@@ -16,4 +17,5 @@ __all__ = [
     "ByzantineMethod",
     "apply_byzantine",
     "byzantine_config",
+    "poisoned_by",
 ]

@@ -37,9 +37,10 @@ hyper-parameters do not change; the run's record says who was poisoned.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,17 +60,34 @@ Poison = Callable[[Upload, Broadcast, "ByzantineConfig", torch.Generator], Uploa
 POISONS: Registry[Poison] = Registry("poison")
 
 
+#: How the poisoned clients are chosen: the listed ids, or by their data sizes
+#: (on a skewed split the largest clients carry most of a FedAvg weight).
+PICKS = ("ids", "largest", "smallest")
+
+
 @dataclass(frozen=True)
 class ByzantineConfig:
-    """``clients``: the client ids that send poison; ``kind``: a registered
-    poison (:data:`POISONS`); ``scale``: its factor where it has one."""
+    """``clients``: the client ids that send poison (``pick: ids``), or
+    ``pick: largest`` / ``smallest`` with ``count``: the ``count`` clients
+    with the most / fewest samples, chosen per seed from its federation (ties
+    by id); ``kind``: a registered poison (:data:`POISONS`); ``scale``: its
+    factor where it has one."""
 
     clients: list[int] = field(default_factory=list)
     kind: str = "sign_flip"
     scale: float = 10.0
+    pick: str = "ids"
+    count: int = 1
 
     def __post_init__(self) -> None:
         POISONS.get(self.kind)  # unknown name -> ConfigError listing the valid ones
+        if self.pick not in PICKS:
+            raise ConfigError(f"byzantine.pick must be one of {', '.join(PICKS)}, got {self.pick!r}")
+        if self.pick != "ids" and (self.clients or not (type(self.count) is int and self.count >= 1)):
+            raise ConfigError(
+                f"byzantine.pick={self.pick} chooses the clients itself: give byzantine.count "
+                f">= 1 (got {self.count!r}) and no byzantine.clients (got {self.clients})"
+            )
         if not all(type(c) is int and c >= 0 for c in self.clients):
             raise ConfigError(f"byzantine.clients must be client ids >= 0, got {self.clients}")
         if len(set(self.clients)) != len(self.clients):
@@ -77,8 +95,22 @@ class ByzantineConfig:
         if not (isinstance(self.scale, int | float) and math.isfinite(self.scale)):
             raise ConfigError(f"byzantine.scale must be a finite number, got {self.scale!r}")
 
+    def resolved(self, sizes: Sequence[int]) -> ByzantineConfig:
+        """This config with ``clients`` chosen from the clients' data
+        ``sizes`` (``pick: largest`` / ``smallest``), as ``pick: ids``."""
+        if self.pick == "ids":
+            return self
+        self.check_clients(len(sizes))
+        order = sorted(range(len(sizes)), key=lambda c: (sizes[c], c))
+        chosen = order[-self.count :] if self.pick == "largest" else order[: self.count]
+        return dataclasses.replace(self, clients=sorted(chosen), pick="ids")
+
     def check_clients(self, num_clients: int) -> None:
         """Every named client exists (a typo would run with no attacker)."""
+        if self.pick != "ids" and self.count > num_clients:
+            raise ConfigError(
+                f"byzantine.count={self.count} exceeds the run's {num_clients} clients"
+            )
         outside = [c for c in self.clients if c >= num_clients]
         if outside:
             raise ConfigError(
@@ -272,7 +304,29 @@ def _client_ids(raw: Any) -> list[int]:
     return out
 
 
-def apply_byzantine(method: Method, spec: Mapping[str, Any] | ByzantineConfig | None) -> Method:
-    """``method`` wrapped in :class:`ByzantineMethod` when ``spec`` names clients."""
+def apply_byzantine(
+    method: Method,
+    spec: Mapping[str, Any] | ByzantineConfig | None,
+    sizes: Sequence[int] | None = None,
+) -> Method:
+    """``method`` wrapped in :class:`ByzantineMethod` when ``spec`` names
+    clients (or picks them from the clients' data ``sizes``)."""
     cfg = byzantine_config(spec)
+    if cfg is not None and cfg.pick != "ids":
+        if sizes is None:
+            raise ConfigError(
+                f"byzantine.pick={cfg.pick} needs the clients' data sizes: a simulation or "
+                "rehearsal; at real sites name byzantine.clients"
+            )
+        cfg = cfg.resolved(sizes)
     return ByzantineMethod(method, cfg) if cfg is not None and cfg.clients else method
+
+
+def poisoned_by(method: Method) -> ByzantineConfig | None:
+    """The resolved poison of a wrapped method (what its record states)."""
+    layer: Method | None = method
+    while isinstance(layer, MethodWrapper):
+        if isinstance(layer, ByzantineMethod):
+            return layer.byzantine
+        layer = layer.inner
+    return None
