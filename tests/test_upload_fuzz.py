@@ -25,6 +25,7 @@ from safetensors.torch import save
 from osfl import assembly
 from osfl.config import load_config
 from osfl.errors import UploadError
+from osfl.fl.method import MethodWrapper, Screening
 from osfl.fl.observers import Observers
 from osfl.fl.runtime.client import ClientTurn
 from osfl.fl.runtime.rounds import Inbox
@@ -260,3 +261,22 @@ def test_each_kind_of_bad_upload_is_named_by_its_field(round0) -> None:
         loop.accept(state, 0, 0, up.to_bytes()[:100])
     assert info.value.field == "*"
     assert json.loads(json.dumps(info.value.field)) == "*"
+
+
+class _CrashingScreen(MethodWrapper, Screening):
+    """A screen with a bug for client 2 (what a hostile upload might trip)."""
+
+    def screen(self, state: Any, round: int, client: int, upload: Upload) -> str | None:
+        if client == 2:
+            raise RecursionError("maximum recursion depth exceeded")
+        return None
+
+
+def test_any_exception_on_one_upload_is_that_clients_refusal(round0) -> None:
+    loop, state, honest = round0
+    job = dataclasses.replace(loop.job, method=_CrashingScreen(loop.job.method))
+    inbox = Inbox(job, Observers([]), checkpoints=None)
+    got = inbox.receive(state, 0, {c: ClientTurn(upload=honest[c], state=None) for c in HONEST})
+    assert got.accepted == [0, 1]
+    assert got.refused[2].startswith("[client 2, field '*'] RecursionError while checking it")
+    assert got.bytes_refused == len(honest[2]) and set(got.bytes_up) == {0, 1}
