@@ -160,7 +160,18 @@ def reply_payload(
     return env
 
 
-class GridTransport(ClientTransport):
+class RemoteNodes:
+    """Transports whose clients are SuperNodes in other processes: each keeps
+    its own state in its ``Context.state``, out of the server's reach."""
+
+    def client_states(self) -> dict[int, ClientState]:
+        return {}
+
+    def restore(self, states: Mapping[int, bytes]) -> None:
+        """Nothing to give back: each SuperNode keeps its own state."""
+
+
+class GridTransport(RemoteNodes, ClientTransport):
     """One train message per client, sent together; replies in client order."""
 
     def __init__(
@@ -198,12 +209,6 @@ class GridTransport(ClientTransport):
                 turns[c] = ClientTurn(upload=None, state=None, failure=refusal(c, e))
             task.advance()
         return turns
-
-    def client_states(self) -> dict[int, ClientState]:
-        return {}  # each SuperNode keeps its own state in its Context.state
-
-    def restore(self, states: Mapping[int, bytes]) -> None:
-        """Nothing to give back: each SuperNode keeps its own state."""
 
     def evaluate(
         self, payload: bytes, clients: list[int]

@@ -61,7 +61,6 @@ from flwr.supercore.run import Run
 
 from osfl import jsonio
 from osfl.errors import ConfigError, UploadError
-from osfl.fl.context import ClientState
 from osfl.fl.method import secure_weighting_of
 from osfl.fl.observers import Observer
 from osfl.fl.runtime.base import Job, RunResult
@@ -83,7 +82,7 @@ from osfl.fl.secagg_config import (
 )
 from osfl.fl.upload import Upload
 from osfl.flower.client import ERROR_CLIENT_FAILED
-from osfl.flower.grid import FlowerGridRuntime, GridTransport, discover_clients
+from osfl.flower.grid import FlowerGridRuntime, GridTransport, RemoteNodes, discover_clients
 
 __all__ = [
     "SecAggPlusTransport",
@@ -312,7 +311,7 @@ def vector_problem(
 
 
 # --------------------------------------------------------------------------- the transport
-class SecAggPlusTransport:
+class SecAggPlusTransport(RemoteNodes):
     """One SecAgg+ round over the ServerApp's ``grid`` per round of the loop:
     the broadcast goes to the round's clients inside their FitIns; back comes
     the mean of their uploads weighted by ``weighting`` (a
@@ -377,12 +376,6 @@ class SecAggPlusTransport:
             bytes_refused=sum(secure.bytes_up.get(c, 0) for c in secure.dropped),
             warnings={c: list(n) for c, n in secure.notes.items()},
         )
-
-    def client_states(self) -> dict[int, ClientState]:
-        return {}  # each SuperNode keeps its own state in its Context.state
-
-    def restore(self, states: Mapping[int, bytes]) -> None:
-        """Nothing to give back: each SuperNode keeps its own state."""
 
     def evaluate(
         self, payload: bytes, clients: list[int]

@@ -35,7 +35,7 @@ from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError
 from osfl.fl.method import MethodCard, register_method
 from osfl.methods.generative.prior import load_prior
-from osfl.methods.kd.base import ServerSide
+from osfl.methods.kd.base import WEAK_FEDAVG_TASK, ServerSide
 from osfl.methods.kd.feddf import FedDF, FedDFConfig
 
 __all__ = ["PriorKD", "PriorKDConfig"]
@@ -63,8 +63,7 @@ class PriorKD(FedDF):
         FedDF.card,
         regime="generative_prior",
         smoke=(
-            "data.max_per_class=60",  # a non-IID task where FedAvg is weak, the ensemble strong
-            "partition.alpha=0.1",
+            *WEAK_FEDAVG_TASK,
             "method.priorkd.prior=dataset:digits",  # the stand-in: real digits by class name
             "method.priorkd.per_class=30",
             "method.priorkd.distill.steps=60",

@@ -166,6 +166,11 @@ def seeded(seed: int) -> Any:
     return ctx()
 
 
+#: The smoke task of the server-side methods: a non-IID split where FedAvg is
+#: weak and the ensemble strong, so that distillation has something to gain.
+WEAK_FEDAVG_TASK = ("data.max_per_class=60", "partition.alpha=0.1")
+
+
 class DistillationMethod(ClientModelsMethod, SiteEvaluation, ImprovesOn, Reporting, Artifacts):
     """One-shot; server = synthesis + distillation into one model.
 

@@ -38,7 +38,7 @@ from torch import nn
 
 from osfl.errors import ConfigError
 from osfl.fl.method import MethodCard, register_method
-from osfl.methods.kd.base import DistillationMethod, KDConfig, ServerSide
+from osfl.methods.kd.base import WEAK_FEDAVG_TASK, DistillationMethod, KDConfig, ServerSide
 from osfl.methods.kd.pixels import (
     ForwardFn,
     InversionConfig,
@@ -85,6 +85,17 @@ def _module_forward(model: nn.Module) -> ForwardFn:
     return fwd
 
 
+def _inversion_smoke(name: str) -> tuple[str, ...]:
+    """The smoke overrides of DeepInversion and ADI (same task, same budget)."""
+    return (
+        *WEAK_FEDAVG_TASK,
+        f"method.{name}.epochs=2",
+        f"method.{name}.synthesis_batch_size=16",
+        f"method.{name}.inversion={{iterations: 10, lr: 0.05, bn_weight: 0.1}}",
+        f"method.{name}.distill={{steps: 15, lr: 0.01}}",
+    )
+
+
 @register_method("deepinversion")
 class DeepInversion(DistillationMethod):
     """Pixel inversion of the clients + KD of their ensemble (see module docstring)."""
@@ -92,14 +103,7 @@ class DeepInversion(DistillationMethod):
     Config: ClassVar[type] = DeepInversionConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         DistillationMethod.card,
-        smoke=(
-            "data.max_per_class=60",  # a non-IID task where FedAvg is weak, the ensemble strong
-            "partition.alpha=0.1",
-            "method.deepinversion.epochs=2",
-            "method.deepinversion.synthesis_batch_size=16",
-            "method.deepinversion.inversion={iterations: 10, lr: 0.05, bn_weight: 0.1}",
-            "method.deepinversion.distill={steps: 15, lr: 0.01}",
-        ),
+        smoke=_inversion_smoke("deepinversion"),
     )
 
     def server_train(
@@ -150,12 +154,5 @@ class ADI(DeepInversion):
     Config: ClassVar[type] = ADIConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         DeepInversion.card,
-        smoke=(
-            "data.max_per_class=60",  # a non-IID task where FedAvg is weak, the ensemble strong
-            "partition.alpha=0.1",
-            "method.adi.epochs=2",
-            "method.adi.synthesis_batch_size=16",
-            "method.adi.inversion={iterations: 10, lr: 0.05, bn_weight: 0.1}",
-            "method.adi.distill={steps: 15, lr: 0.01}",
-        ),
+        smoke=_inversion_smoke("adi"),
     )

@@ -33,7 +33,13 @@ from osfl.data.loader import BatchIterator
 from osfl.data.sources import load_data
 from osfl.errors import ConfigError, DataError
 from osfl.fl.method import MethodCard, register_method
-from osfl.methods.kd.base import DistillationMethod, KDConfig, ServerSide, epoch_log
+from osfl.methods.kd.base import (
+    WEAK_FEDAVG_TASK,
+    DistillationMethod,
+    KDConfig,
+    ServerSide,
+    epoch_log,
+)
 from osfl.methods.kd.distill import DistillConfig, Distiller
 from osfl.methods.kd.pool import PoolBatch
 from osfl.methods.kd.teacher import EnsembleTeacher
@@ -99,8 +105,7 @@ class FedDF(DistillationMethod):
     card: ClassVar[MethodCard] = dataclasses.replace(
         DistillationMethod.card,
         smoke=(
-            "data.max_per_class=60",  # a non-IID task where FedAvg is weak, the ensemble strong
-            "partition.alpha=0.1",
+            *WEAK_FEDAVG_TASK,
             "method.feddf.public=digits",
             "method.feddf.public_split=test",
             "method.feddf.distill.steps=60",

@@ -49,6 +49,7 @@ from osfl.fl.method import MethodCard, register_method
 from osfl.fl.optim import build_optimizer
 from osfl.fl.upload import Broadcast, MetaSpec, Upload, UploadSpec
 from osfl.methods.kd.base import (
+    WEAK_FEDAVG_TASK,
     DistillationMethod,
     KDConfig,
     ServerSide,
@@ -163,8 +164,7 @@ class FedFTG(DistillationMethod):
     card: ClassVar[MethodCard] = dataclasses.replace(
         DistillationMethod.card,
         smoke=(
-            "data.max_per_class=60",  # a non-IID task where FedAvg is weak and the ensemble strong
-            "partition.alpha=0.1",
+            *WEAK_FEDAVG_TASK,
             "method.fedftg.epochs=3",
         ),
     )
