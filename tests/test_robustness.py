@@ -246,7 +246,7 @@ def test_poisoned_clients_are_picked_by_data_size() -> None:
         ByzantineConfig(clients=[0], pick="largest")
     with pytest.raises(ConfigError, match="count=6 exceeds the run's 5 clients"):
         ByzantineConfig(pick="smallest", count=6).resolved(sizes)
-    with pytest.raises(ConfigError, match="byzantine.pick must be one of"):
+    with pytest.raises(ConfigError, match=r"byzantine\.pick must be one of"):
         ByzantineConfig(pick="richest")
 
 
