@@ -9,8 +9,9 @@ Runs ``mutmut run "<module>*"`` for each module (mutmut 3 runs, for each
 mutant, only the fast tests that execute the mutated function, as its first
 run traces them), then prints one row per source file: mutants, killed,
 survived, no tests, timeouts, the mutants judged equivalent
-(``tests/mutation_equivalent.txt``: one mutant name and a ``#`` reason per
-line) and the kill rate of the non-equivalent ones. ``mutmut show NAME``
+(``tests/mutation_equivalent/*.txt``: one mutant name and a ``#`` reason per
+line, one file per group of modules) and the kill rate of the non-equivalent
+ones. ``mutmut show NAME``
 prints a mutant's diff; ``mutmut results`` lists the survivors.
 
 mutmut is not a dependency of osfl: ``pip install mutmut==3.8.1``.
@@ -26,7 +27,7 @@ from collections import Counter
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-EQUIVALENT = ROOT / "tests" / "mutation_equivalent.txt"
+EQUIVALENT = ROOT / "tests" / "mutation_equivalent"
 #: The algorithm cores under mutation testing (what [tool.mutmut] only_mutate covers).
 CORES = (
     "osfl.methods",
@@ -43,8 +44,8 @@ KILLED, SURVIVED, NO_TESTS, TIMEOUT = {1, 3, 37}, {0}, {5, 33}, {24, -24, 36, 15
 def equivalent() -> dict[str, str]:
     """Mutant name -> why it cannot change what osfl computes."""
     out: dict[str, str] = {}
-    if EQUIVALENT.is_file():
-        for line in EQUIVALENT.read_text().splitlines():
+    for listing in sorted(EQUIVALENT.glob("*.txt")):
+        for line in listing.read_text().splitlines():
             name, _, why = line.partition("#")
             if name.strip():
                 out[name.strip()] = why.strip()
