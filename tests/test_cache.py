@@ -309,6 +309,25 @@ def test_changing_any_part_misses(tmp_path, count_training: list[int], change: s
     assert len(count_training) == expected
 
 
+def test_weights_trained_under_other_threads_are_a_miss(tmp_path, count_training) -> None:
+    """A thread count changes CPU reductions in the last bits: an entry made
+    with 1 torch thread is not what a 2-thread run trains, so it is a miss,
+    and each entry's sidecar states the environment it was trained in."""
+    run = make_run(ClientCache(tmp_path))
+    before = torch.get_num_threads()
+    try:
+        for threads in (1, 2, 1):
+            torch.set_num_threads(threads)
+            train_client(ctx_of(run), make_data())
+    finally:
+        torch.set_num_threads(before)
+    assert len(count_training) == 2  # 1 thread, 2 threads; then 1 thread hits
+    envs = sorted(ClientCache(tmp_path).meta(k)["parts"]["environment"]["threads"] for k in _keys(tmp_path))
+    assert envs == [1, 2]
+    env = ClientCache(tmp_path).meta(_keys(tmp_path)[0])["parts"]["environment"]
+    assert env["torch"] == torch.__version__ and env["device"] == "cpu" and env["cpu_capability"]
+
+
 def test_given_model_with_same_init_hits(tmp_path, count_training: list[int]) -> None:
     run = make_run(ClientCache(tmp_path))
     torch.manual_seed(5)

@@ -42,6 +42,7 @@ from osfl.fl.context import ModelSpec, RunContext
 from osfl.fl.evaluate import evaluate, local_test_accuracy
 from osfl.fl.method import METHODS, Method, Reporting, capability
 from osfl.fl.progress import Progress
+from osfl.fl.provenance import compute_environment
 from osfl.fl.regimes import run_regime
 from osfl.fl.runtime.base import Job, PartitionedData, RunResult, Runtime
 from osfl.fl.runtime.simulation import SimulationRuntime
@@ -480,6 +481,8 @@ def run_record(
         "runtime": cfg.runtime,
         # torch threads each client trained with ("auto" resolved; null: not pinned)
         "threads_per_client": cfg.threads_per_client,
+        # what the numbers were computed with (the client cache is keyed on the same)
+        "provenance": record_provenance(cfg, job, ctx, weights),
         "method_config": dataclasses.asdict(job.method.config),
         # the local-training recipe this method ran with (train_recipe), and
         # where each value that differs from train.* came from
@@ -518,6 +521,26 @@ def run_record(
     if extras:
         record["server"] = extras
     return record
+
+
+def record_provenance(
+    cfg: ExperimentConfig, job: Job, ctx: SeedContext, weights: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The environment the clients trained in (torch, CPU kernel path,
+    device; the threads are ``threads_per_client``), and fingerprints of the
+    data (content hashes of the train and test images the server held; a
+    real-sites server holds none) and of the pretrained weights."""
+    env = {k: v for k, v in compute_environment(job.run.device).items() if k != "threads"}
+    splits = ctx.splits
+    data: dict[str, Any] = {"source": cfg.data.source}
+    if splits is not None:
+        data.update(train=splits.train.fingerprint(), test=splits.test.fingerprint())
+    return {
+        **env,
+        "threads_per_client": cfg.threads_per_client,
+        "data": data,
+        "pretrained_sha256": (weights or {}).get("sha256"),
+    }
 
 
 def accuracy_curve(result: RunResult) -> list[dict[str, Any]]:

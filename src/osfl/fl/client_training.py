@@ -20,6 +20,7 @@ from torch import nn
 from osfl.fl.batched_training import batchable, train_batched
 from osfl.fl.cache import state_hash, transform_key
 from osfl.fl.objectives import ObjectiveTerm
+from osfl.fl.provenance import compute_environment
 from osfl.fl.train_config import TrainConfig
 from osfl.fl.training import (
     LossFn,
@@ -155,6 +156,9 @@ def cache_parts(
         "objective": objective,
         "terms": [t.key() for t in terms],
         "extra": extra_key,
+        # weights trained under other threads, CPU kernels, torch or device differ
+        # in the last bits: they are another entry, never a silent hit
+        "environment": compute_environment(run.device),
     }
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from osfl.fl.cache import transform_key
+from osfl.fl.provenance import compute_environment
 from osfl.methods.frozen.encoder import FrozenEncoder
 from osfl.methods.frozen.views import ViewSet
 
@@ -102,6 +103,7 @@ def token_key_parts(
         "encoder": encoder.hash,
         "views": [vs.key() for vs in views],
         "transform": transform_key(ctx.run.eval_transform),
+        "environment": compute_environment(ctx.device),  # threads, kernels, torch: the last bits
     }
 
 

@@ -1,0 +1,49 @@
+"""What a number was computed with, besides the code, the config and the seed.
+
+On a CPU, torch's reductions sum in an order set by the kernel path it
+dispatches to (AVX2 and AVX-512 kernels differ) and by the thread count (a
+reduction is split per thread), so one command gives results that differ in
+the last bits, and after training in the last digits of an accuracy, across
+these; on a GPU the device, its driver and the torch build do the same. Every
+client-cache entry is keyed on :func:`compute_environment` (weights trained
+under other threads, kernels or torch are a miss, never a silent hit), and
+every record states it (``provenance`` in ``metrics.json``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["compute_environment"]
+
+
+def compute_environment(device: torch.device | str = "cpu") -> dict[str, Any]:
+    """The torch build, the CPU kernel path, the torch threads in force now,
+    and the device (on a GPU: its name, the CUDA runtime torch was built
+    with, and the driver's version where torch reports it)."""
+    dev = torch.device(device)
+    env: dict[str, Any] = {
+        "torch": torch.__version__,
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "threads": torch.get_num_threads(),
+        "device": dev.type,
+    }
+    if dev.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(dev)
+        env["cuda"] = torch.version.cuda
+        env["cuda_driver"] = _driver_version()
+    return env
+
+
+def _driver_version() -> str | None:
+    """The NVIDIA driver's version (torch exposes it only through NVML)."""
+    try:
+        # optional: pynvml ships with CUDA builds of torch, not with the CPU build
+        import pynvml
+
+        pynvml.nvmlInit()
+        return str(pynvml.nvmlSystemGetDriverVersion())
+    except Exception:  # no NVML: the record says so rather than failing the run
+        return None
