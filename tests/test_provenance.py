@@ -47,3 +47,18 @@ def test_the_environment_names_the_threads_in_force() -> None:
     finally:
         torch.set_num_threads(before)
     assert "gpu" not in compute_environment("cpu")
+
+
+def test_the_default_uses_every_cpu_and_the_numbers_do_not_move(monkeypatch) -> None:
+    """``parallel_clients: auto`` (one single-threaded client per usable CPU)
+    gives the sequential run's numbers bit for bit: no setting that changes
+    results is chosen by the machine or its load."""
+    monkeypatch.setattr(assembly, "usable_cpus", lambda: 3)
+    both = [*TINY, "partition.num_clients=3", "methods=[local,fedavg,ensemble]"]
+    auto = run_experiment(load_config(None, [*both, "parallel_clients=auto"]))
+    one = run_experiment(load_config(None, [*both, "parallel_clients=1"]))
+    assert [r["parallel_clients"] for r in auto] == [3, 3, 3]
+    assert [r["parallel_clients"] for r in one] == [1, 1, 1]
+    for a, b in zip(auto, one, strict=True):
+        assert a["global_test_accuracy"] == b["global_test_accuracy"], a["method"]
+        assert a["per_class_accuracy"] == b["per_class_accuracy"], a["method"]

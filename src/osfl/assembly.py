@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +46,6 @@ from osfl.fl.provenance import compute_environment
 from osfl.fl.regimes import run_regime
 from osfl.fl.runtime.base import Job, PartitionedData, RunResult, Runtime
 from osfl.fl.runtime.simulation import SimulationRuntime
-from osfl.fl.runtime.threads import choose_threads
 from osfl.fl.train_config import TrainConfig
 from osfl.flower.engine import FlowerEngineRuntime
 from osfl.flower.loopback import FlowerLoopbackRuntime
@@ -84,33 +83,23 @@ def _flower_engine(cfg: ExperimentConfig) -> Runtime:
 THREADED_RUNTIMES = ("simulation", "flower")
 
 
-def resolve_threads(cfg: ExperimentConfig, run: RunContext | None) -> ExperimentConfig:
-    """``cfg`` with ``threads_per_client: auto`` replaced by the count it means
-    for ``run``'s model, input shape, batch size and device on this machine
-    (:func:`osfl.fl.runtime.threads.choose_threads`: measured once, then read
-    from ``<cache_dir>/threads.json``); ``None`` (not pinned) where no run
-    context is at hand or the runtime does not pin threads. An explicit count,
-    or null, is returned as is."""
-    if cfg.threads_per_client != "auto":
-        return cfg
-    if run is None or cfg.runtime not in THREADED_RUNTIMES:
-        return dataclasses.replace(cfg, threads_per_client=None)
-    spec = run.model
-    kwargs = {k: v for k, v in spec.kwargs.items() if k != "pretrained"}  # weights: no speed
-    choice = choose_threads(
-        lambda: ModelSpec(spec.name, kwargs).build(run.num_classes),
-        run.image_shape,
-        run.train.batch_size,
-        parallel_clients=cfg.parallel_clients,
-        cache_dir=cfg.cache_dir,
-        device=run.device,
-        model_key=json.dumps(
-            {"name": spec.name, "kwargs": kwargs, "classes": run.num_classes},
-            sort_keys=True,
-            default=str,
-        ),
-    )
-    return dataclasses.replace(cfg, threads_per_client=choice.threads)
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity, where the OS tells)."""
+    affinity = getattr(os, "sched_getaffinity", None)  # Linux only
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
+
+def resolve_parallel(cfg: ExperimentConfig) -> ExperimentConfig:
+    """``cfg`` with ``parallel_clients: auto`` replaced by the count it means
+    here: the usable CPUs divided by ``threads_per_client`` (at least one).
+    The count does not change results (seeded clients, aggregation in client
+    order), only how long they take; ``threads_per_client`` is pinned only on
+    the runtimes that pin threads (``None`` elsewhere, as the records say)."""
+    threads = cfg.threads_per_client if cfg.runtime in THREADED_RUNTIMES else None
+    parallel = cfg.parallel_clients
+    if parallel == "auto":
+        parallel = max(1, usable_cpus() // (threads or 1))
+    return dataclasses.replace(cfg, parallel_clients=parallel, threads_per_client=threads)
 
 
 def build_runtime(cfg: ExperimentConfig) -> Runtime:
@@ -119,9 +108,7 @@ def build_runtime(cfg: ExperimentConfig) -> Runtime:
             "secagg.enabled needs runtime=flower (SecAgg+ runs over a Flower Grid: the "
             f"loopback one, or a deployment's), got runtime={cfg.runtime!r}"
         )
-    if cfg.threads_per_client == "auto":  # resolve_threads(cfg, run) first
-        cfg = resolve_threads(cfg, None)
-    return RUNTIMES.get(cfg.runtime)(cfg)
+    return RUNTIMES.get(cfg.runtime)(resolve_parallel(cfg))
 
 
 # --------------------------------------------------------------------------- names
@@ -479,8 +466,9 @@ def run_record(
         "regime": run_regime(job.method.card.regime, weights is not None),
         "uploads": job.method.card.uploads,
         "runtime": cfg.runtime,
-        # torch threads each client trained with ("auto" resolved; null: not pinned)
+        # torch threads each client trained with (null: not pinned)
         "threads_per_client": cfg.threads_per_client,
+        "parallel_clients": cfg.parallel_clients,
         # what the numbers were computed with (the client cache is keyed on the same)
         "provenance": record_provenance(cfg, job, ctx, weights),
         "method_config": dataclasses.asdict(job.method.config),

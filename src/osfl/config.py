@@ -131,18 +131,20 @@ class ExperimentConfig:
     sweep: list[str] = field(default_factory=list)
     device: str = "auto"
     runtime: str = "simulation"
-    parallel_clients: int = 1
+    # clients trained at once in the simulation (a thread pool): "auto" = the CPUs
+    # this process may use, divided by threads_per_client. Results do not depend
+    # on it (each client's generator is seeded; uploads are aggregated in order).
+    # (Any: OmegaConf 2.3 takes no int | str union; checked in __post_init__.)
+    parallel_clients: Any = "auto"
     # simulation: train one-shot clients of one architecture as one batched step
     # (osfl.fl.batched_training; same result up to float tolerance). Off by default:
     # on CPU it measured 1.4-2.8x for small 16-px models, about 1x at 32 px and
     # nothing on the default run's uneven clients (BENCHMARKS.md "Batched clients").
     batch_clients: bool = False
-    # torch threads per client: an int >= 1; "auto": 1 or the client's share of the
-    # CPUs, whichever trained faster in a short measurement (osfl.fl.runtime.threads,
-    # cached under cache_dir); null: all of them when sequential, an equal share when
-    # parallel. Results depend on it in the last bits, not on parallel_clients.
-    # (Any: OmegaConf 2.3 takes no int | str union; checked in __post_init__.)
-    threads_per_client: Any = "auto"
+    # torch threads per client: an int >= 1, or null (all of them when sequential,
+    # an equal share when parallel). Results depend on it in the last bits (torch
+    # splits CPU reductions per thread), so it is chosen here, never by a timing.
+    threads_per_client: int | None = 1
     out_dir: str | None = None
     cache_dir: str | None = ".osfl_cache"
     audit: list[Any] = field(default_factory=list)
@@ -173,13 +175,18 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         if not self.seeds:
             raise ConfigError("seeds must list at least one seed, e.g. seeds=[0]")
-        if self.parallel_clients < 1:
-            raise ConfigError(f"parallel_clients must be >= 1, got {self.parallel_clients}")
+        p = self.parallel_clients
+        if not (p == "auto" or (type(p) is int and p >= 1)):
+            raise ConfigError(f"parallel_clients must be an integer >= 1 or auto, got {p!r}")
         t = self.threads_per_client
-        if not (t is None or t == "auto" or (type(t) is int and t >= 1)):
+        if t == "auto":
             raise ConfigError(
-                f"threads_per_client must be an integer >= 1, auto or null, got {t!r}"
+                "threads_per_client=auto is gone: it chose the count by a timing, so results "
+                "depended on the machine's load; give a number (1, the default, uses every "
+                "core through parallel_clients=auto and gives the same numbers on any load)"
             )
+        if not (t is None or (type(t) is int and t >= 1)):
+            raise ConfigError(f"threads_per_client must be an integer >= 1 or null, got {t!r}")
         if self.partition.num_clients < 1:
             raise ConfigError(
                 f"partition.num_clients must be >= 1, got {self.partition.num_clients}"

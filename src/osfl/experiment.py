@@ -164,8 +164,8 @@ def plan_experiment(
                 if why is not None:
                     raise ConfigError(f"secure aggregation: {why}")
         seeds.append((ctx, jobs))
-    # threads_per_client: auto -> a count (measured or cached), which the records carry
-    cfg = assembly.resolve_threads(cfg, seeds[0][0].run if runtime is None else None)
+    # parallel_clients: auto -> a count; the records carry it and the threads
+    cfg = assembly.resolve_parallel(cfg)
     return Plan(cfg, splits, runtime or assembly.build_runtime(cfg), seeds)
 
 
@@ -185,8 +185,12 @@ def execute_plan(
     are not run (a resumed run finished them before). The partition heat map
     of each seed's federation is written to the run directory."""
     cfg, splits = plan.cfg, plan.splits
-    if cfg.threads_per_client is not None:  # auto: measured (or cached) while planning
-        log.info("torch threads per client: %d", cfg.threads_per_client)
+    if cfg.threads_per_client is not None:
+        log.info(
+            "%d client(s) at once, %d torch thread(s) each",
+            cfg.parallel_clients,
+            cfg.threads_per_client,
+        )
     if rundir is not None and splits is not None:
         rundir.event("data", source=cfg.data.source, train=len(splits.train), test=len(splits.test))
     records = []

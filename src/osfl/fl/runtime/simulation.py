@@ -142,7 +142,7 @@ class SimulationRuntime:
             raise ConfigError(f"parallel_clients must be >= 1, got {parallel_clients}")
         if threads_per_client is not None and not (
             type(threads_per_client) is int and threads_per_client >= 1
-        ):  # "auto" is resolved before a runtime is built (osfl.assembly.resolve_threads)
+        ):
             raise ConfigError(f"threads_per_client must be >= 1, got {threads_per_client!r}")
         self.parallel = parallel_clients
         self.threads = threads_per_client

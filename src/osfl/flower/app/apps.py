@@ -161,7 +161,7 @@ def _site_plan(cfg: Any, name: str, seed: int, spec: JobSpec, runtime: Any) -> P
         )
     job = site_assembly.site_server_job(cfg, name, seed, spec.server_test, registry=registry)
     job.method.check()
-    cfg = assembly.resolve_threads(cfg, None)  # the sites pin their own threads
+    cfg = dataclasses.replace(cfg, threads_per_client=None)  # the sites pin their own threads
     return Plan(cfg, None, runtime, [(assembly.SeedContext(None, None, job.run), [job])])
 
 
