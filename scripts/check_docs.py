@@ -182,7 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-k", dest="keyword", help="only blocks whose command contains this")
     p.add_argument("--update", action="store_true", help="rewrite the blocks with fresh output")
     args = p.parse_args(argv)
-    files = [Path(f) for f in args.files] or [ROOT / "README.md", *sorted(ROOT.glob("docs/**/*.md"))]
+    # relative paths are the caller's (python scripts/check_docs.py README.md from the root)
+    files = [Path(f).resolve() for f in args.files] or [
+        ROOT / "README.md",
+        *sorted(ROOT.glob("docs/**/*.md")),
+    ]
     here, failures = machine(), 0
     for path in files:
         # blocks of one file from the last to the first: an update keeps earlier line numbers

@@ -120,3 +120,47 @@ def test_cli_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
         main(["table", str(tmp_path)])
     assert e.value.code == 2
     assert "not an osfl run directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "name"),
+    [
+        ("regime", "pretrained", "regime"),
+        ("task", {"data": {"image_size": 32}}, "task"),
+        ("provenance", {"data": {"test": "other-test-set"}}, "test set"),
+        ("train", {"lr": 0.5}, "training recipe"),
+        ("partition", {"key": "k0-1", "scheme": "iid"}, "partition scheme"),
+    ],
+)
+def test_a_row_whose_seeds_are_not_comparable_is_refused(tmp_path, field, value, name):
+    """Seed 0 from one run and seed 1 from another may form one row only when
+    nothing but the seed differs (a scratch and a pretrained record of one
+    method once became one "2 seeds" row)."""
+    base = {"task": {"data": {"image_size": 16}}, "provenance": {"data": {"test": "t"}}}
+    a = {**_record("fedavg", 0, 0.2), **base}
+    b = {**_record("fedavg", 1, 0.3), **base, field: value}
+    if field == "train":  # a recipe is a variant (its own row) unless the labels coincide
+        a["train"] = {"lr": 0.1}
+        b["method"] = a["method"]
+        with pytest.raises(DataError):
+            _check_rows([a, b])
+        return
+    with pytest.raises(DataError, match=f"differ in their {name}"):
+        merge_runs([_run(tmp_path, "a", [a]), _run(tmp_path, "b", [b])])
+
+
+def _check_rows(records):
+    from osfl.scoreboard import _check_comparable_rows
+
+    _check_comparable_rows([{**r, "_run": "x"} for r in records])
+
+
+def test_a_record_without_a_split_key_needs_the_flag(tmp_path):
+    old = _record("fedavg", 0, 0.2)
+    del old["partition"]["key"]
+    run = _run(tmp_path, "old", [old])
+    with pytest.raises(DataError, match="no split key"):
+        merge_runs([run])
+    assert merge_runs([run], allow_unkeyed=True)[0]["method"] == "fedavg"
+    sites = {**_record("fedavg", 0, 0.2), "partition": {"scheme": "sites", "num_clients": 3}}
+    assert merge_runs([_run(tmp_path, "sites", [sites])])  # real sites: the sites are the split

@@ -471,6 +471,13 @@ def run_record(
         "parallel_clients": cfg.parallel_clients,
         # what the numbers were computed with (the client cache is keyed on the same)
         "provenance": record_provenance(cfg, job, ctx, weights),
+        # the task this grid point ran (data, model, transforms): what a table row
+        # averaged over seeds must share (osfl.scoreboard)
+        "task": {
+            "data": {k: v for k, v in dataclasses.asdict(cfg.data).items() if k != "cache_dir"},
+            "model": dataclasses.asdict(cfg.model),
+            "transform": dataclasses.asdict(cfg.transform),
+        },
         "method_config": dataclasses.asdict(job.method.config),
         # the local-training recipe this method ran with (train_recipe), and
         # where each value that differs from train.* came from

@@ -117,7 +117,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     from osfl import report
     from osfl.scoreboard import merge_runs
 
-    records = merge_runs(args.run_dirs)
+    records = merge_runs(args.run_dirs, allow_unkeyed=args.allow_unkeyed)
     if args.markdown:
         rows = report.summarize(records)
         print(report.summary_markdown(rows, title=" + ".join(args.run_dirs)))
@@ -448,6 +448,11 @@ def build_parser() -> argparse.ArgumentParser:
     tab.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories to merge")
     tab.add_argument("--markdown", action="store_true", help="print GitHub Markdown tables")
     tab.add_argument("--frontier", metavar="PNG", help="also plot accuracy against total bytes")
+    tab.add_argument(
+        "--allow-unkeyed",
+        action="store_true",
+        help="take records without a split key (older runs) on trust",
+    )
     tab.set_defaults(func=cmd_table)
 
     aud = sub.add_parser("audit", help="score privacy attacks on a run's recorded observations")

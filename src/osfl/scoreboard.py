@@ -9,7 +9,11 @@ clients differ, because then their numbers are not a comparison.
 
 Two runs of the same method with different options (e.g. FuseFL's
 ``classifier``) or training recipes (``method_train``) become separate rows,
-labelled by what differs.
+labelled by what differs. The seeds of one row must be comparable: the same
+regime, task (data, image size, test set, model, transforms), training
+recipe and partition scheme, or the table refuses with one line naming the
+difference; a record without a split key (written before splits were keyed)
+is refused unless ``allow_unkeyed`` says to take it on trust.
 """
 
 from __future__ import annotations
@@ -71,6 +75,48 @@ def _check_same_clients(records: Sequence[Mapping[str, Any]]) -> None:
             )
 
 
+#: What the seeds averaged into one row must share, by the name the refusal uses.
+ROW_INVARIANTS: dict[str, Any] = {
+    "regime": lambda r: r.get("regime"),
+    "task (data, image size, model, transforms)": lambda r: r.get("task"),
+    "test set": lambda r: ((r.get("provenance") or {}).get("data") or {}).get("test"),
+    "training recipe": lambda r: r.get("train"),
+    "partition scheme": lambda r: {
+        k: (r.get("partition") or {}).get(k) for k in ("scheme", "params", "num_clients")
+    },
+    "server rules": lambda r: r.get("server_rules"),
+}
+
+
+def _check_comparable_rows(records: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse a row whose seeds differ in anything but the seed."""
+    rows: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for r in records:
+        rows.setdefault((str(r.get("point", "")), str(r["method"])), []).append(r)
+    for (point, method), recs in rows.items():
+        for name, of in ROW_INVARIANTS.items():
+            seen = {json.dumps(of(r), sort_keys=True, default=str): r for r in recs}
+            if len(seen) > 1:
+                a, b = list(seen.values())[:2]
+                at = f" at {point!r}" if point else ""
+                raise DataError(
+                    f"{method}{at}: seed {a['seed']} ({a['_run']}) and seed {b['seed']} "
+                    f"({b['_run']}) differ in their {name}: not one row of a comparison"
+                )
+
+
+def _check_keyed(records: Sequence[Mapping[str, Any]]) -> None:
+    """Refuse records whose split cannot be checked (no partition key)."""
+    for r in records:
+        part = r.get("partition") or {}
+        if not (isinstance(part, Mapping) and ("key" in part or part.get("scheme") == "sites")):
+            raise DataError(
+                f"{r['_run']}: {r['method']} seed {r['seed']} has no split key (a record "
+                "written before splits were keyed): its clients cannot be checked against "
+                "the others; pass --allow-unkeyed to take it on trust"
+            )
+
+
 def _label_variants(records: Sequence[dict[str, Any]]) -> None:
     """Rename ``method`` to ``method (key=value, ...)`` where one method ran in
     more than one variant (:func:`_variant_tree`)."""
@@ -102,22 +148,29 @@ def _check_one_owner(records: Sequence[Mapping[str, Any]]) -> None:
             )
 
 
-def merge_runs(run_dirs: Sequence[str | Path]) -> list[dict[str, Any]]:
+def merge_runs(
+    run_dirs: Sequence[str | Path], *, allow_unkeyed: bool = False
+) -> list[dict[str, Any]]:
     """The records of every run, with ``method`` relabelled where one method ran
     in several variants across the runs, a grid point's rows together.
 
     Raises :class:`DataError` (one line) for a directory without a readable
     ``metrics.json``, when two runs split the data differently at the same
-    grid point and seed, or when two runs hold the same row's same seed."""
+    grid point and seed, when two runs hold the same row's same seed, when a
+    row's seeds differ in anything but the seed (:data:`ROW_INVARIANTS`), or
+    for a record without a split key (unless ``allow_unkeyed``)."""
     records: list[dict[str, Any]] = []
     for d in run_dirs:
         path = Path(d) / "metrics.json"
         if not path.is_file():
             raise DataError(f"{d}: not an osfl run directory (no metrics.json)")
         records += [{**r, "_run": str(d)} for r in read_metrics(path)["records"]]
+    if not allow_unkeyed:
+        _check_keyed(records)
     _check_same_clients(records)
     _label_variants(records)
     _check_one_owner(records)
+    _check_comparable_rows(records)
     points = {p: i for i, p in enumerate(dict.fromkeys(str(r.get("point", "")) for r in records))}
     records.sort(key=lambda r: points[str(r.get("point", ""))])  # stable
     for r in records:
