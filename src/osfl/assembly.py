@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from osfl.config import (
@@ -46,6 +47,7 @@ from osfl.fl.provenance import compute_environment
 from osfl.fl.regimes import run_regime
 from osfl.fl.runtime.base import Job, PartitionedData, RunResult, Runtime
 from osfl.fl.runtime.simulation import SimulationRuntime
+from osfl.fl.seeds import derive_seed
 from osfl.fl.train_config import TrainConfig
 from osfl.flower.engine import FlowerEngineRuntime
 from osfl.flower.loopback import FlowerLoopbackRuntime
@@ -167,7 +169,27 @@ def load_splits(cfg: ExperimentConfig) -> DataSplits:
     named["cache_dir"] = d.cache_dir
     opts = {k: v for k, v in named.items() if v is not None} | dict(d.options)
     splits = load_data(d.source, **opts)
-    return keep_classes(splits, d.classes, d.source) if d.classes else splits
+    splits = keep_classes(splits, d.classes, d.source) if d.classes else splits
+    return carve_validation(splits, d.validation_fraction) if d.validation_fraction else splits
+
+
+def carve_validation(splits: DataSplits, fraction: float) -> DataSplits:
+    """``splits`` with ``fraction`` of each class of the train set (rounded
+    half up, at least one where a class has two samples or more) moved to a
+    validation set; the draw is seeded by the data alone, so every run seed
+    and every method sees the same validation samples."""
+    labels = splits.train.labels.numpy()
+    rng = np.random.default_rng(derive_seed(0, "validation", splits.train.fingerprint()))
+    held: list[np.ndarray] = []
+    for c in np.unique(labels):
+        idx = np.flatnonzero(labels == c)
+        n = min(len(idx) - 1, max(1, int(np.floor(fraction * len(idx) + 0.5))))
+        held.append(np.sort(rng.choice(idx, size=n, replace=False)) if n > 0 else idx[:0])
+    val = np.sort(np.concatenate(held))
+    keep = np.setdiff1d(np.arange(len(labels)), val)
+    return dataclasses.replace(
+        splits, train=splits.train.subset(keep), validation=splits.train.subset(val)
+    )
 
 
 def partition_params(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -367,9 +389,15 @@ def build_evaluator(cfg: ExperimentConfig, ctx: SeedContext) -> Callable[[Any], 
     with ``eval_local``)."""
     on_test = test_evaluator(ctx.splits.test, ctx.run)
 
+    validation = ctx.splits.validation
+
     def score(predictor: Any) -> dict[str, Any]:
         test, run = ctx.splits.test, ctx.run
         res = on_test(predictor)
+        if validation is not None:
+            res["validation_accuracy"] = evaluate(
+                predictor, validation, run.eval_transform, run.device
+            ).accuracy
         if cfg.eval_local:
             accs = local_test_accuracy(
                 predictor, test, ctx.federation.class_counts, run.eval_transform, run.device
@@ -502,6 +530,9 @@ def run_record(
     )
     if reached is not None:
         record["convergence"] = reached
+    chosen = best_on_validation(record["curve"])
+    if chosen is not None and len(record["curve"]) > 1:
+        record["best_on_validation"] = chosen
     if weights is not None:
         card = weights.get("card") or {}
         record["pretrained"] = {
@@ -546,15 +577,27 @@ def accuracy_curve(result: RunResult) -> list[dict[str, Any]]:
         sent += r.bytes_up + r.bytes_down
         seconds += r.time_client_s + r.time_server_s
         if "global_test_accuracy" in r.metrics:
-            curve.append(
-                {
-                    "round": r.round,
-                    "accuracy": r.metrics["global_test_accuracy"],
-                    "bytes": sent,
-                    "seconds": round(seconds, 4),
-                }
-            )
+            point = {
+                "round": r.round,
+                "accuracy": r.metrics["global_test_accuracy"],
+                "bytes": sent,
+                "seconds": round(seconds, 4),
+            }
+            if "validation_accuracy" in r.metrics:
+                point["validation_accuracy"] = r.metrics["validation_accuracy"]
+            curve.append(point)
     return curve
+
+
+def best_on_validation(curve: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The evaluated round with the highest validation accuracy (the first of
+    equals) and its test accuracy: what a curve that jumps reports beside its
+    final round, chosen without looking at the test set."""
+    scored = [p for p in curve if p.get("validation_accuracy") is not None]
+    if not scored:
+        return None
+    best = max(scored, key=lambda p: p["validation_accuracy"])
+    return {k: best[k] for k in ("round", "validation_accuracy", "accuracy")}
 
 
 # --------------------------------------------------------------------------- Flower

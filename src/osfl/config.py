@@ -46,7 +46,13 @@ class DataConfig:
     indices into the source's list): e.g. CIFAR-10's classes 5-9 for an
     encoder pretrained on classes 0-4. Real sites (``docs/flower.md``) must
     give it: each site's folders are mapped onto it by name, and a site with
-    a class outside it is refused before training."""
+    a class outside it is refused before training.
+
+    ``validation_fraction``: a class-stratified share of the train set held out
+    before the clients' split (the same samples for every run seed); every
+    evaluation then also reports ``validation_accuracy`` on it. Choose a
+    setting (a learning rate, a round) by validation accuracy, never by test
+    accuracy (REPRODUCTION.md says which rows did)."""
 
     source: str = "digits"
     image_size: int | None = 16
@@ -55,6 +61,13 @@ class DataConfig:
     cache_dir: str | None = None
     options: dict[str, Any] = field(default_factory=dict)
     classes: list[str] | None = None
+    validation_fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.validation_fraction < 1.0:
+            raise ConfigError(
+                f"data.validation_fraction must lie in [0, 1), got {self.validation_fraction}"
+            )
 
 
 @dataclass(frozen=True)

@@ -105,10 +105,13 @@ class ImageSet:
 
 @dataclass(frozen=True)
 class DataSplits:
-    """What a source returns: the train and the test ImageSet."""
+    """What a source returns: the train and the test ImageSet, and (with
+    ``data.validation_fraction``) a validation set carved from the train set,
+    on which settings are chosen so that the test set never is."""
 
     train: ImageSet
     test: ImageSet
+    validation: ImageSet | None = None
 
     @property
     def num_classes(self) -> int:
