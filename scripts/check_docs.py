@@ -112,6 +112,7 @@ def run(block: Block) -> str:
 
 _WALL = re.compile(r"\(\d+(?:\.\d+)? s\)")
 _RUN_DIR = re.compile(r"run directory: \S+")
+_RULE = re.compile(r"[━─┡┩╇└┘┴┌┐┬├┤┼]")
 
 
 def _cells(line: str) -> list[str] | None:
@@ -134,7 +135,7 @@ def mask(text: str) -> list[str]:
             elif time_col is not None and len(cells) > time_col and cells[time_col].strip():
                 cells[time_col] = " ~ "
                 line = "".join(c + ("│" if "│" in line else "|") for c in cells[:-1]) + cells[-1]
-        else:
+        elif not _RULE.search(line):  # a rule (┡━━╇━┩, └──┴─┘) keeps the table's columns
             time_col = None
         out.append(re.sub(r"\s+", " ", line).strip())
     return out
