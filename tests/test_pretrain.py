@@ -124,6 +124,8 @@ def test_command_writes_weights_and_a_complete_card(cli_run, capsys):
     training = card["training"]
     assert training["epochs"] == 3 and training["steps"] == 3 * (200 // 32)
     assert training["optimizer"]["optimizer"] == "adamw" and training["optimizer"]["lr"] == 0.003
+    env = training["environment"]  # what the weights' last bits depend on
+    assert env["torch"] == torch.__version__ and env["threads"] >= 1 and env["cpu_capability"]
     results = card["results"]
     assert len(results["loss_per_epoch"]) == 3 and math.isfinite(results["final_loss"])
     assert results["final_loss"] == results["loss_per_epoch"][-1]
@@ -134,6 +136,22 @@ def test_command_writes_weights_and_a_complete_card(cli_run, capsys):
     assert prov["torch_version"] == torch.__version__ and prov["osfl_version"]
     assert prov["config"]["upstream"]["classes"] == ["0", "1", "2", "3", "4"]
     assert 'upstream.classes=["0", "1", "2", "3", "4"]' in prov["command"]
+
+
+def test_the_same_command_gives_the_same_weights(cli_run, tmp_path):
+    """Pretraining is deterministic on one machine: the same command, in the
+    same environment (its card's ``training.environment``), writes the same
+    sha256 (the card's data fingerprint names the upstream images)."""
+    out, card = cli_run
+    again = tmp_path / "again.safetensors"
+    argv = ["pretrain", "--upstream", "digits", "--classes", "0,1,2,3,4", "--epochs", "3"]
+    before = torch.get_num_threads()
+    torch.set_num_threads(card["training"]["environment"]["threads"])
+    try:
+        assert main([*argv, "--out", str(again), "--no-progress", *TINY]) == 0
+    finally:
+        torch.set_num_threads(before)
+    assert sha256_file(again) == card["weights"]["sha256"]
 
 
 def test_pretrained_info_records_the_card_and_refuses_a_stale_one(cli_run, tmp_path):

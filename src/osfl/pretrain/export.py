@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 import osfl
+from osfl.fl.provenance import compute_environment
 from osfl.pretrain.card import CARD_SCHEMA, card_path, sha256_file, write_card
 from osfl.pretrain.config import PretrainConfig, to_dict
 from osfl.pretrain.objectives import OBJECTIVES
@@ -103,6 +104,10 @@ def build_card(
             "seed": cfg.seed,
             "device": result.device,
             "seconds": round(result.seconds, 1),
+            # the same command in the same environment (torch, CPU kernel path,
+            # threads) gives the same weights, bit for bit; another thread count
+            # or kernel path sums in another order and gives other last bits
+            "environment": compute_environment(result.device),
         },
         "results": {
             "final_loss": result.final_loss,
