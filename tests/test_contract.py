@@ -13,7 +13,8 @@ overrides (fewer server epochs, a ViT where it needs one) and must:
   for a server that distils into the clients' average), or chance by a margin;
 - honour every capability it declares (``osfl.fl.method.CAPABILITIES``): as
   many round records as its rounds, state kept by clients only when it declares
-  it, a released state that predicts as the full one, a secure mean that
+  it, a released state that predicts as the full one, every client's own
+  model scored beside the server's predictor, a secure mean that
   aggregates as the uploads behind it, history and report a runtime can
   record, a batched step for the round's shared training.
 
@@ -33,7 +34,7 @@ import torch
 import osfl.methods  # noqa: F401  (registers the methods)
 from osfl import assembly, jsonio
 from osfl.config import ExperimentConfig
-from osfl.fl.context import SharedTraining
+from osfl.fl.context import ClientState, SharedTraining
 from osfl.fl.method import (
     CAPABILITIES,
     METHODS,
@@ -43,6 +44,8 @@ from osfl.fl.method import (
     KeepsClientState,
     Method,
     MethodWrapper,
+    OwnModels,
+    PerClientPredictor,
     Reporting,
     SecureAggregation,
     SharedTrainingStep,
@@ -176,12 +179,20 @@ def check_capabilities(method: Method, result: RunResult) -> None:
     else:  # run_client refuses undeclared state; nothing may reach the runtime
         assert not kept, f"{name} kept client state without declaring it"
     site = capability(method, SiteEvaluation)
-    if site is not None and "mean_client_accuracy" not in result.metrics:
+    if site is not None and not isinstance(method.predictor(state), PerClientPredictor):
         released = state_from_bytes(state_to_bytes(site.release(state)))
         full = _outputs(method.predictor(state), method.run)
         assert torch.allclose(_outputs(method.predictor(released), method.run), full), (
             f"{name}: the released state predicts differently from the full one"
         )
+    own = capability(method, OwnModels)
+    if own is not None:  # every client scored its own model, the server's predictor beside
+        assert len(result.metrics["client_accuracies"]) == method.run.num_clients
+        assert None not in result.metrics["client_accuracies"], f"{name}: a client did not score"
+        assert result.metrics["global_test_accuracy"] == result.metrics["mean_client_accuracy"]
+        assert "server_accuracy" in result.metrics
+        fresh = own.client_predictor(method.broadcast(state, len(result.rounds)), ClientState())
+        assert _outputs(fresh, method.run).shape == (4, method.run.num_classes)
     audited = capability(method, AuditHistory)
     if audited is not None:
         history = audited.audit_history(state, 0)

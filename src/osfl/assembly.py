@@ -475,7 +475,7 @@ def run_record(
     if poison is not None:  # the clients it chose this seed, not only how it chose them
         chosen = {k: v for k, v in dict(cfg.byzantine).items() if k != "clients"}
         m["byzantine"] = {**dataclasses.asdict(poison), **chosen}
-    if "mean_client_accuracy" in m:  # the `local` floor: its accuracy is the clients' mean
+    if "mean_client_accuracy" in m:  # `local`, ClientModels: the accuracy is the clients' mean
         m["global_test_accuracy"] = m["mean_client_accuracy"]
     fed = ctx.federation
     partition: dict[str, Any] = {"scheme": "sites", "num_clients": job.num_clients}
@@ -571,7 +571,9 @@ def record_provenance(
 
 def accuracy_curve(result: RunResult) -> list[dict[str, Any]]:
     """Each evaluated round's accuracy with the bytes (up + down) and compute
-    seconds (client + server) spent up to the end of that round."""
+    seconds (client + server) spent up to the end of that round (and, where
+    measured, its validation accuracy and the server predictor's accuracy of
+    a method whose clients keep their own models)."""
     curve, sent, seconds = [], 0, 0.0
     for r in result.rounds:
         sent += r.bytes_up + r.bytes_down
@@ -583,8 +585,9 @@ def accuracy_curve(result: RunResult) -> list[dict[str, Any]]:
                 "bytes": sent,
                 "seconds": round(seconds, 4),
             }
-            if "validation_accuracy" in r.metrics:
-                point["validation_accuracy"] = r.metrics["validation_accuracy"]
+            for key in ("validation_accuracy", "server_accuracy"):
+                if key in r.metrics:
+                    point[key] = r.metrics[key]
             curve.append(point)
     return curve
 

@@ -93,6 +93,7 @@ RECORD_FIELDS: dict[str, tuple[Any, str]] = {
     "train": (lambda v: v is None or isinstance(v, dict), "an object"),
     "partition": (lambda v: v is None or isinstance(v, dict), "an object"),
     "global_test_accuracy": (_number, "a number"),
+    "server_accuracy": (_number, "a number"),
     "local_test_accuracy": (_number, "a number"),
     "bytes_up": (_number, "a number"),
     "bytes_down": (_number, "a number"),
@@ -169,6 +170,8 @@ class Row:
     time_s: Stat | None
     warnings: tuple[str, ...] = ()
     regime: str = ""  # osfl.fl.method.REGIMES; "" for records written before regimes
+    #: the server predictor's accuracy of a method whose accuracy is its clients' own models'
+    server_accuracy: Stat | None = None
 
 
 def summarize(records: Sequence[Mapping[str, Any]]) -> list[Row]:
@@ -194,6 +197,7 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> list[Row]:
                     )
                 ),
                 regime=str(recs[0].get("regime", "")),
+                server_accuracy=Stat.of([r.get("server_accuracy") for r in recs]),
             )
         )
     return rows
@@ -231,13 +235,16 @@ def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     """Header and cells shared by the terminal and the Markdown tables."""
     with_point = any(r.point for r in rows)
     with_local = any(r.local_accuracy is not None for r in rows)
+    with_server = any(r.server_accuracy is not None for r in rows)
     header = [*(["setting"] if with_point else []), "method", "seeds", "accuracy (%)"]
+    header += ["server predictor (%)"] if with_server else []
     header += [*(["local acc. (%)"] if with_local else []), "bytes up", "bytes down", "time (s)"]
     with_notes = any(r.warnings for r in rows)
     header += ["notes"] if with_notes else []
     cells = []
     for r in rows:
         line = [*([r.point] if with_point else []), r.method, str(len(r.seeds)), _pct(r.accuracy)]
+        line += [_pct(r.server_accuracy)] if with_server else []
         line += [*([_pct(r.local_accuracy)] if with_local else []), _bytes(r.bytes_up)]
         line += [_bytes(r.bytes_down), _secs(r.time_s)]
         if with_notes:
@@ -336,7 +343,9 @@ def summary_markdown(rows: Sequence[Row], *, title: str, notes: Sequence[str] = 
         lines.append("")
     lines += [
         "Accuracy: mean ± sample standard deviation over seeds (global test set; "
-        "`local` reports the mean accuracy of the clients' own models).",
+        "`local` and methods whose clients keep their own models, e.g. `eftvit`, report "
+        "the mean accuracy of the clients' own models, the latter with the server "
+        "predictor's beside it).",
         "",
     ]
     warned = warning_lines(rows)

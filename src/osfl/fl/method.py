@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from osfl.errors import ConfigError
-from osfl.fl.context import ClientContext, RunContext, SharedTraining
+from osfl.fl.context import ClientContext, ClientState, RunContext, SharedTraining
 from osfl.fl.upload import Broadcast, Upload, UploadSpec
 from osfl.registry import Registry
 
@@ -227,6 +227,27 @@ class SiteEvaluation(Capability):
         control variates, EFTViT's per-client histograms)."""
 
 
+class OwnModels(Capability):
+    """Each client ends with a model of its own, built from what the server
+    broadcasts and what the client keeps in its state (EFTViT's private local
+    module under the broadcast global module), and that model, not
+    ``predictor``, is the one the method's paper evaluates.
+
+    Wherever the server's predictor is scored (the ``eval_every`` rounds and
+    the end), the runtime has every client score its own model, built from the
+    broadcast the server would send next, with the job's evaluator: in
+    process from the states the simulation keeps, under Flower at each node
+    from its ``Context.state``. A client never sampled has an empty state.
+    The record's accuracy is then the clients' mean (``mean_client_accuracy``,
+    each in ``client_accuracies``) and the server predictor's is beside it
+    (``server_accuracy``); docs/run-directory.md."""
+
+    @abstractmethod
+    def client_predictor(self, broadcast: Broadcast, client_state: ClientState) -> Predictor:
+        """The model of the client whose state is ``client_state`` (empty: a
+        client never sampled) under ``broadcast``, for whole test images."""
+
+
 class AuditHistory(Capability):
     """Scheme state the server knows of a client (RLU's ``h`` term)."""
 
@@ -272,6 +293,7 @@ CAPABILITIES: dict[str, type[Capability]] = {
     "secure_aggregation": SecureAggregation,
     "shared_training": SharedTrainingStep,
     "site_evaluation": SiteEvaluation,
+    "own_models": OwnModels,
     "audit_history": AuditHistory,
     "report": Reporting,
     "artifacts": Artifacts,

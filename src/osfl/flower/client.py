@@ -10,7 +10,7 @@ step of the simulation (:func:`~osfl.fl.runtime.client.run_client`) with its
 state from earlier rounds read from and written back to Flower's
 ``Context.state`` — same seed, same data, same state, same upload bytes.
 
-Three handlers:
+Four handlers:
 
 - ``query.osfl_whoami``: answers the server's discovery with the node's
   ``partition-id`` and the digest of the job it built.
@@ -21,6 +21,11 @@ Three handlers:
 - ``evaluate.osfl_evaluate`` (real sites without a server test set): scores
   the method's released final state on this site's own test set and replies
   with counts (:class:`~osfl.fl.runtime.sites.SiteScore`).
+- ``evaluate.osfl_own_model`` (a method whose clients keep their own models,
+  :class:`~osfl.fl.method.OwnModels`): builds this client's own model from
+  the broadcast and its ``Context.state`` and replies with the job's
+  evaluator's metrics of it (:func:`~osfl.fl.runtime.client.score_own_model`,
+  the simulation's very call).
 
 At a real site (run config ``sites = true``) the node builds its job from its
 own data (node config ``data``); with node config ``state-dir`` it also keeps
@@ -40,11 +45,12 @@ from flwr.clientapp import ClientApp
 
 from osfl.errors import ConfigError, OsflError, UploadError
 from osfl.fl.runtime.base import Job
-from osfl.fl.runtime.client import run_client
+from osfl.fl.runtime.client import run_client, score_own_model
 from osfl.fl.runtime.sites import SiteData, score_at_site
 from osfl.fl.state_codec import state_from_bytes
 from osfl.flower.records import (
     MSG_EVALUATE,
+    MSG_OWN_MODEL,
     MSG_TRAIN,
     MSG_WHOAMI,
     Envelope,
@@ -140,9 +146,7 @@ def make_client_app(builder: JobBuilder, spec: JobSpec | None = None) -> ClientA
     def update(msg: Message, context: Context) -> Message:
         pid, env, job, digest = checked(msg, context)
         state_file = _state_file(context, digest, pid)
-        before = read_state(context.state, client=pid)
-        if before is None and state_file is not None and state_file.is_file():
-            before = state_file.read_bytes()  # kept on disk across a server restart
+        before = _kept_state(context, digest, pid)
         turn = run_client(
             job.method,
             job.run,
@@ -169,9 +173,21 @@ def make_client_app(builder: JobBuilder, spec: JobSpec | None = None) -> ClientA
         score = score_at_site(predictor, job.clients.test, job.run.eval_transform, job.run.device)
         return Message(score_record(pid, digest, score.as_meta()), reply_to=msg)
 
+    def own_model(msg: Message, context: Context) -> Message:
+        pid, env, job, digest = checked(msg, context)
+        score = score_own_model(
+            job.method,
+            job.evaluator,
+            client=pid,
+            payload=env.payload,
+            state=_kept_state(context, digest, pid),
+        )
+        return Message(score_record(pid, digest, score), reply_to=msg)
+
     app.query(MSG_WHOAMI.partition(".")[2])(_guarded(whoami))
     app.train(MSG_TRAIN.partition(".")[2])(_guarded(update))
     app.evaluate(MSG_EVALUATE.partition(".")[2])(_guarded(evaluate))
+    app.evaluate(MSG_OWN_MODEL.partition(".")[2])(_guarded(own_model))
     return app
 
 
@@ -182,6 +198,16 @@ def _state_file(context: Context, digest: str, pid: int) -> Path | None:
     if not isinstance(root, str) or not root:
         return None
     return Path(root) / f"{digest}-client{pid}.safetensors"
+
+
+def _kept_state(context: Context, digest: str, pid: int) -> bytes | None:
+    """This client's state: its ``Context.state``, else its ``state-dir`` file
+    (kept on disk across a server restart), else ``None``."""
+    before = read_state(context.state, client=pid)
+    state_file = _state_file(context, digest, pid)
+    if before is None and state_file is not None and state_file.is_file():
+        before = state_file.read_bytes()
+    return before
 
 
 def _write_atomically(path: Path, data: bytes) -> None:

@@ -23,6 +23,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from osfl.errors import ConfigError, OsflError, UploadError
 from osfl.fl.context import ClientState
+from osfl.fl.evaluate import check_client_score
 from osfl.fl.observers import Observer
 from osfl.fl.progress import ProgressTask
 from osfl.fl.runtime.base import Job, RunResult
@@ -32,6 +33,7 @@ from osfl.fl.runtime.sites import SiteScore
 from osfl.flower.client import ERROR_CLIENT_FAILED
 from osfl.flower.records import (
     MSG_EVALUATE,
+    MSG_OWN_MODEL,
     MSG_TRAIN,
     MSG_WHOAMI,
     Envelope,
@@ -210,23 +212,30 @@ class GridTransport(RemoteNodes, ClientTransport):
             task.advance()
         return turns
 
-    def evaluate(
-        self, payload: bytes, clients: list[int]
-    ) -> tuple[dict[int, SiteScore], dict[int, str]]:
-        """Every site scores the released final state on its own test set."""
+    def ask_scores(
+        self,
+        payload: bytes,
+        clients: list[int],
+        message_type: str,
+        read: Callable[[dict[str, Any], int], Any],
+    ) -> tuple[dict[int, Any], dict[int, str]]:
+        """Send ``payload`` to every connected client of ``clients`` as an
+        evaluation message and read each reply's score with ``read(score,
+        client)``: ``(scores, failures)`` by client (a missing, failed or
+        malformed reply is that client's failure only)."""
         sent = [c for c in clients if c in self.nodes]
         msgs = [
             Message(
                 pack(Envelope(payload, -1, c, self.digest)),
                 dst_node_id=self.nodes[c],
-                message_type=MSG_EVALUATE,
+                message_type=message_type,
                 group_id="evaluate",
             )
             for c in sent
         ]
         replies = self.grid.send_and_receive(msgs, timeout=self.timeout) if msgs else []
         by_node = {m.metadata.src_node_id: m for m in replies}
-        scores: dict[int, SiteScore] = {}
+        scores: dict[int, Any] = {}
         failures = {c: "no SuperNode connected" for c in clients if c not in self.nodes}
         for c in sent:
             reply = by_node.get(self.nodes[c])
@@ -234,14 +243,37 @@ class GridTransport(RemoteNodes, ClientTransport):
                 if reply is None:
                     raise UploadError(f"no reply within {self.timeout:.0f} s", client=c)
                 if reply.has_error():
-                    raise UploadError(f"the site failed: {reply.error.reason}", client=c)
+                    raise UploadError(f"the node failed: {reply.error.reason}", client=c)
                 who, job, score = read_score(reply.content, client=c)
                 if (who, job) != (c, self.digest):
                     raise UploadError(f"reply is for client {who}, job {job}", client=c)
-                scores[c] = SiteScore.from_meta(score, self.num_classes, c)
-            except Exception as e:  # a malformed score is that site's failure only
+                scores[c] = read(score, c)
+            except Exception as e:  # a malformed score is that client's failure only
                 failures[c] = refusal(c, e)
         return scores, failures
+
+    def evaluate(
+        self, payload: bytes, clients: list[int]
+    ) -> tuple[dict[int, SiteScore], dict[int, str]]:
+        """Every site scores the released final state on its own test set."""
+        return self.ask_scores(
+            payload,
+            clients,
+            MSG_EVALUATE,
+            lambda score, c: SiteScore.from_meta(score, self.num_classes, c),
+        )
+
+    def score_client_models(
+        self, payload: bytes, clients: list[int]
+    ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+        """Every node scores its client's own model (its ``Context.state``
+        under the broadcast ``payload``) with its job's evaluator."""
+        return self.ask_scores(
+            payload,
+            clients,
+            MSG_OWN_MODEL,
+            lambda score, c: check_client_score(score, self.num_classes, len(clients), c),
+        )
 
 
 class FlowerGridRuntime:

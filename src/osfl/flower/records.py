@@ -51,6 +51,7 @@ SCORE_RECORD = "osfl.score"
 MSG_WHOAMI = "query.osfl_whoami"
 MSG_TRAIN = "train.osfl_update"
 MSG_EVALUATE = "evaluate.osfl_evaluate"
+MSG_OWN_MODEL = "evaluate.osfl_own_model"
 
 
 @dataclass(frozen=True)
@@ -187,7 +188,8 @@ def write_state(state: RecordDict, data: bytes | None) -> None:
 
 
 def score_record(client: int, job: str, score: Mapping[str, Any]) -> RecordDict:
-    """A site's evaluation of the released model (counts, JSON)."""
+    """A node's evaluation (JSON): a site's counts for the released model, or a
+    client's metrics of its own model."""
     return RecordDict(
         {
             SCORE_RECORD: ConfigRecord(

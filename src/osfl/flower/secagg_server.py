@@ -384,6 +384,13 @@ class SecAggPlusTransport(RemoteNodes):
         (plain messages: nothing in them is a client's upload)."""
         return self.plain.evaluate(payload, clients)
 
+    def score_client_models(
+        self, payload: bytes, clients: list[int]
+    ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+        """Each node scores its client's own model (plain messages, as
+        :meth:`evaluate`'s)."""
+        return self.plain.score_client_models(payload, clients)
+
     # --- one secure round ------------------------------------------------------------
     def secure_mean(
         self,

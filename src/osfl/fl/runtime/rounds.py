@@ -44,7 +44,9 @@ import torch
 
 from osfl.errors import ConfigError, UploadError
 from osfl.fl.context import ClientState
+from osfl.fl.evaluate import merge_client_models
 from osfl.fl.method import (
+    OwnModels,
     Screening,
     SecureAggregation,
     capability,
@@ -117,6 +119,15 @@ class Transport(Protocol):
         their own test sets: ``(scores, failures)`` by client."""
         ...
 
+    def score_client_models(
+        self, payload: bytes, clients: list[int]
+    ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+        """Have ``clients`` score their own models (:class:`~osfl.fl.method.OwnModels`)
+        built from the broadcast ``payload`` and their states, with the job's
+        evaluator (:func:`~osfl.fl.runtime.client.score_own_model`):
+        ``(metrics, failures)`` by client."""
+        ...
+
 
 class ClientTransport(ABC):
     """A transport whose clients each send their own upload: ``exchange``
@@ -143,6 +154,11 @@ class ClientTransport(ABC):
     def evaluate(
         self, payload: bytes, clients: list[int]
     ) -> tuple[dict[int, SiteScore], dict[int, str]]: ...
+
+    @abstractmethod
+    def score_client_models(
+        self, payload: bytes, clients: list[int]
+    ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]: ...
 
     def collect(
         self, inbox: Inbox, state: Any, round: int, clients: list[int], payload: bytes
@@ -307,11 +323,54 @@ class RoundLoop:
         self.digest = job_digest(job) + (f"+{tag}" if tag else "")
 
     # --- the server side ------------------------------------------------------------
-    def evaluate(self, predictor: Any) -> dict[str, Any]:
+    def evaluate(
+        self, state: Any, predictor: Any, r: int, records: Sequence[RoundRecord]
+    ) -> dict[str, Any]:
+        """The evaluator's metrics of ``predictor``, the server's after round
+        ``r``; for a method whose clients keep their own models, those of the
+        clients' models with the server predictor's beside them
+        (:meth:`score_client_models`)."""
         evaluator = self.job.evaluator
+        if evaluator is None:
+            return {}
         t = time.perf_counter()
-        out = dict(evaluator(predictor)) if evaluator is not None else {}
+        out = dict(evaluator(predictor))
+        if capability(self.method, OwnModels) is not None:
+            out = self.score_client_models(state, out, r, records)
         self.times["eval"] += time.perf_counter() - t
+        return out
+
+    def score_client_models(
+        self, state: Any, server: dict[str, Any], r: int, records: Sequence[RoundRecord]
+    ) -> dict[str, Any]:
+        """Every client scores its own model under the broadcast of the round
+        after ``r`` (what it would receive next); merged with the server
+        predictor's metrics ``server`` (:func:`~osfl.fl.evaluate.merge_client_models`).
+        ``clients_not_sampled``: the clients no round up to ``r`` asked, whose
+        state is still empty (for EFTViT: the pretrained local module)."""
+        clients = list(range(self.job.num_clients))
+        payload = self.method.broadcast(state, r + 1).to_bytes()
+        scores, failures = self.transport.score_client_models(payload, clients)
+        for c, why in failures.items():
+            log.warning("client %d did not score its own model: %s", c, why)
+        if not scores:  # e.g. real sites, whose nodes hold no test set of the server's
+            return {
+                **server,
+                "server_accuracy": server["global_test_accuracy"],
+                "warnings": [
+                    *server.get("warnings", []),
+                    "no client scored its own model, so the accuracy is the server "
+                    f"predictor's ({next(iter(failures.values()), 'no client')})",
+                ],
+            }
+        out = merge_client_models(server, scores, len(clients))
+        asked = {c for rec in records for c in rec.clients}
+        out["clients_not_sampled"] = [c for c in clients if c not in asked]
+        if failures:
+            out["warnings"] = [
+                *out.get("warnings", []),
+                *(f"client {c} did not score its own model: {why}" for c, why in failures.items()),
+            ]
         return out
 
     def evaluate_at_sites(self, state: Any) -> dict[str, Any]:
@@ -331,6 +390,10 @@ class RoundLoop:
             *out.get("warnings", []),
             *(f"site {c} did not evaluate the final model: {why}" for c, why in failures.items()),
         ]
+        if capability(self.method, OwnModels) is not None:
+            out["warnings"].append(
+                "the sites scored the server's released model only, not their own models"
+            )
         self.times["eval"] += time.perf_counter() - t
         return out
 
@@ -459,7 +522,7 @@ class RoundLoop:
                 if r < n_rounds - 1:
                     every = job.eval_every
                     if every > 0 and (r + 1) % every == 0 and job.evaluator is not None:
-                        record.metrics = self.evaluate(method.predictor(state))
+                        record.metrics = self.evaluate(state, method.predictor(state), r, records)
                     obs.on_round_end(r, state, record.as_dict())
                 self.save(state, r + 1, records)
                 if bar is not None:
@@ -469,7 +532,9 @@ class RoundLoop:
         predictor = method.predictor(state)
         self.times["server"] += time.perf_counter() - t
         metrics = (
-            self.evaluate_at_sites(state) if job.evaluate_at_clients else self.evaluate(predictor)
+            self.evaluate_at_sites(state)
+            if job.evaluate_at_clients
+            else self.evaluate(state, predictor, n_rounds - 1, records)
         )
         records[-1].metrics = metrics
         obs.on_round_end(n_rounds - 1, state, records[-1].as_dict())

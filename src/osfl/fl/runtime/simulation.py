@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,7 +27,7 @@ from osfl.fl.method import SharedTrainingStep, capability
 from osfl.fl.observers import Observer
 from osfl.fl.progress import ProgressTask
 from osfl.fl.runtime.base import Evaluator, Job, PartitionedData, RunResult
-from osfl.fl.runtime.client import ClientTurn, client_context, run_client
+from osfl.fl.runtime.client import ClientTurn, client_context, run_client, score_own_model
 from osfl.fl.runtime.rounds import ClientTransport, RoundLoop
 from osfl.fl.runtime.sites import SiteScore
 from osfl.fl.upload import Broadcast
@@ -110,6 +110,26 @@ class InProcessClients(ClientTransport):
 
     def restore(self, states: Mapping[int, bytes]) -> None:
         self.states.update(states)
+
+    def score_client_models(
+        self, payload: bytes, clients: list[int]
+    ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+        """Each client scores its own model from the state kept here; the
+        clients with no state yet have one and the same model, scored once."""
+        job = self.job
+        scores: dict[int, dict[str, Any]] = {}
+        fresh: dict[str, Any] | None = None
+        for c in clients:
+            state = self.states.get(c)
+            if not state and fresh is not None:
+                scores[c] = dict(fresh)
+                continue
+            scores[c] = score_own_model(
+                job.method, job.evaluator, client=c, payload=payload, state=state
+            )
+            if not state:
+                fresh = scores[c]
+        return scores, {}
 
     def evaluate(
         self, payload: bytes, clients: list[int]
