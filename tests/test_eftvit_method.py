@@ -146,11 +146,14 @@ def test_simulation_and_flower_loopback_agree_over_rounds() -> None:
         ref = sim.state.global_module[n] if n in sim.state.global_module else base[n]
         assert torch.equal(p, ref), n
     # a client's own model: its local module
-    client = job.method.client_predictor(sim.state, sim.client_states[1]).model
+    b = job.method.broadcast(sim.state, 2)
+    client = job.method.client_predictor(b, sim.client_states[1]).model
     assert torch.equal(
         dict(client.named_parameters())["blocks.0.attn.qkv.weight"],
         sim.client_states[1].tensors["blocks.0.attn.qkv.weight"],
     )
+    # the records carry both predictors, and Flower's nodes scored the same models
+    assert set(sim.metrics) >= {"server_accuracy", "client_accuracies", "clients_not_sampled"}
 
 
 def test_head_is_broadcast_or_kept_private() -> None:

@@ -18,11 +18,15 @@ Images on Resource-Constrained Clients" (``papers/003_*``; no public code),
 4. the server trains the global module and its head on the round's uploads
    (Eq. 3–4, :mod:`.server`).
 
-Inference uses whole images. The server's predictor is its global module and
+Inference uses whole images, "on each client" (§3.3): a client's own model
+is its local module under the broadcast global module and head
+(:meth:`EFTViT.client_predictor`, the :class:`~osfl.fl.method.OwnModels`
+capability), and the record's accuracy is the mean of the clients' own
+models (a client never sampled has the pretrained local module). The
+server's predictor, which the paper never deploys, is its global module and
 head on top of the **pretrained local module** (the paper never uploads a
-client's local module, so the server has no other); a client's own model
-(its local module + the global module + the head) is
-:meth:`EFTViT.client_predictor`.
+client's local module, so the server has no other); the record keeps its
+accuracy beside the clients' (``server_accuracy``).
 
 The head: the paper trains "the global module and classification head" on
 the server and sends back "the global module parameters". We broadcast the
@@ -52,6 +56,7 @@ from osfl.fl.method import (
     Method,
     MethodCard,
     MultiRound,
+    OwnModels,
     Predictor,
     Reporting,
     Screening,
@@ -165,9 +170,11 @@ def empty_round(round: int) -> dict[str, Any]:
 
 
 @register_method("eftvit")
-class EFTViT(Method, MultiRound, KeepsClientState, Screening, SiteEvaluation, Reporting):
+class EFTViT(Method, MultiRound, KeepsClientState, OwnModels, Screening, SiteEvaluation, Reporting):
     """Hierarchical FL of a ViT: private masked-trained local modules, a global
-    module trained on the server from median-sampled patch features."""
+    module trained on the server from median-sampled patch features; each
+    client's own model is what the record scores (``OwnModels``)."""
+
     card: ClassVar[MethodCard] = MethodCard(
         regime="pretrained",
         uploads="features",
@@ -383,7 +390,8 @@ class EFTViT(Method, MultiRound, KeepsClientState, Screening, SiteEvaluation, Re
 
     # --- inference ---------------------------------------------------------------
     def global_model(self, state: EFTViTState) -> nn.Module:
-        """The pretrained local module + the trained global module and head."""
+        """The server's predictor: the pretrained local module + the trained
+        global module and head."""
         vit = self.base.build()
         params = dict(vit.named_parameters())
         with torch.no_grad():
@@ -398,11 +406,13 @@ class EFTViT(Method, MultiRound, KeepsClientState, Screening, SiteEvaluation, Re
         """The global module only, not the per-client upload histograms."""
         return EFTViTState(state.global_module)
 
-    def client_predictor(self, state: EFTViTState, client_state: ClientState) -> Predictor:
-        """Client inference (§3.3, whole images): its own local module (and
-        private head) with the server's global module."""
-        sent = self.names().sent
-        net = self.client_net({n: state.global_module[n] for n in sent}, client_state)
+    def client_predictor(self, broadcast: Broadcast, client_state: ClientState) -> Predictor:
+        """Client inference (§3.3, whole images): the broadcast global module
+        (and head, with ``broadcast_head``) under the client's own local
+        module (and private head) from its state; a client never sampled has
+        the pretrained ones (with ``broadcast_head`` its model is then the
+        server's predictor)."""
+        net = self.client_net(broadcast.tensors, client_state)
         return ModelPredictor(net.vit.eval())
 
     # --- reporting ---------------------------------------------------------------
