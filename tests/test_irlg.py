@@ -75,6 +75,12 @@ def test_a_zero_bias_gradient_is_floored_keeping_its_sign():
     assert not np.allclose(
         irlg_counts(G_W, G_b0, W, b, total)[1], irlg_counts(G_W, G_bf, W, b, total)[1]
     )
+    # the floor keeps the sign: +1e-13 and -1e-13 give different systems
+    G_bf[2] = -G_b0[2]
+    assert G_b0[2] == 1e-13
+    assert not np.array_equal(
+        irlg_counts(G_W, G_b0, W, b, total)[1], irlg_counts(G_W, G_bf, W, b, total)[1]
+    )
 
 
 def test_rcond_cuts_small_singular_values():
