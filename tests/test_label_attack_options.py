@@ -139,12 +139,26 @@ def test_llg_counts_are_integers_and_a_zero_row_sum_is_not_negative():
 
 
 def test_llg_ties_among_many_negative_classes_go_to_the_lower_index():
-    """200 negative classes, two residual levels, 40 labels: the 40 lowest-index
-    classes of the lower level (0, 3, 6, ...), as a stable sort gives."""
-    g = np.full(200, -1.0)
-    g[::3] = -2.0
-    got = llg_counts(g, -1.0, np.zeros(200), 40)
-    assert np.flatnonzero(got).tolist() == list(range(0, 120, 3))
+    """300 negative classes, two residual levels, 50 labels: the 50 lowest-index
+    classes of the lower level (0, 2, 4, ...), as a stable sort gives (numpy's
+    default sort picks another 50 of the 150 tied classes here)."""
+    g = np.full(300, -1.0)
+    g[::2] = -2.0
+    got = llg_counts(g, -1.0, np.zeros(300), 50)
+    assert np.flatnonzero(got).tolist() == list(range(0, 100, 2))
+
+
+def test_llg_offset_is_the_mean_over_the_other_classes_however_few(observed):
+    """Two auxiliary images (classes a, b): the offset of class a is the value of
+    the one image not of class a, ``p_a · Σe`` of image b."""
+    obs, aux, model, _ = observed
+    y = aux.labels.numpy()
+    two = aux.subset([int(np.flatnonzero(y == 3)[0]), int(np.flatnonzero(y == 5)[0])])
+    p, e = _features(model, two, lambda x: x.float() / 255.0)
+    offset = run_attack("llg+", obs, two).info["offset"]
+    np.testing.assert_allclose(offset[3], p[1, 3] * e[1].sum(), rtol=1e-5)
+    np.testing.assert_allclose(offset[5], p[0, 5] * e[0].sum(), rtol=1e-5)
+    np.testing.assert_allclose(offset[0], (p[:, 0] * e.sum(axis=1)).mean(), rtol=1e-5)
 
 
 def test_zlg_with_a_zero_mean_embedding_divides_by_1e_12():
