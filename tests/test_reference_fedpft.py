@@ -131,6 +131,19 @@ def client_features(tiny: Any, small_classes: str, client: int = 0) -> tuple[Any
     return m, ctx, up, feats.double().numpy(), data.labels.numpy()
 
 
+@pytest.fixture(scope="module")
+def clients(tiny) -> Any:
+    """``clients(small_classes, client=0)``: :func:`client_features`, computed once."""
+    cache: dict[tuple[str, int], tuple[Any, ...]] = {}
+
+    def get(small_classes: str, client: int = 0) -> tuple[Any, ...]:
+        if (small_classes, client) not in cache:
+            cache[small_classes, client] = client_features(tiny, small_classes, client)
+        return cache[small_classes, client]
+
+    return get
+
+
 def seed_of(ctx: Any, client: int, c: int) -> int:
     return derive_seed(ctx.run.seed, "fedpft-gmm", client, c) % 2**32
 
@@ -140,11 +153,11 @@ def as_rows(p: GMMParameters) -> torch.Tensor:
     return torch.cat([w[:, None], m, v], dim=1)
 
 
-def test_the_upload_is_flowers_learn_gmm_bit_for_bit(tiny) -> None:
+def test_the_upload_is_flowers_learn_gmm_bit_for_bit(clients) -> None:
     """``small_classes: drop``: the classes sent, their float16 weights, means
     and variances, and n_c are those of learn_gmm (diag, K components, the
     same EM settings) given the same features and each class's seed."""
-    _, ctx, up, f, y = client_features(tiny, "drop")
+    _, ctx, up, f, y = clients("drop")
     sent = sorted(int(k.split(".")[1]) for k in up.tensors)
     counts = np.bincount(y, minlength=10)
     assert sent == sorted(np.flatnonzero(counts > K).tolist()) and sent  # Flower's n_c > K
@@ -157,11 +170,11 @@ def test_the_upload_is_flowers_learn_gmm_bit_for_bit(tiny) -> None:
         assert up.meta["class_counts"][c] == int(theirs.num_samples)
 
 
-def test_float32_features_give_the_same_rows_to_a_float16_step(tiny) -> None:
+def test_float32_features_give_the_same_rows_to_a_float16_step(clients) -> None:
     """Deliberate difference: osfl fits float64 features, Flower's client the
     extractor's float32 ones; sklearn then runs EM in float32, and the rows
     agree to float16 resolution."""
-    _, ctx, up, f, y = client_features(tiny, "drop")
+    _, ctx, up, f, y = clients("drop")
     for key, ours in up.tensors.items():
         c = int(key.split(".")[1])
         cfg = (K, "diag", seed_of(ctx, 0, c), FAST["tol"], FAST["max_iter"])
@@ -171,12 +184,12 @@ def test_float32_features_give_the_same_rows_to_a_float16_step(tiny) -> None:
         assert bool(((ours.float() - rows).abs() <= 2 * step + 1e-4).all()), c
 
 
-def test_fewer_keeps_flowers_rows_and_adds_the_small_classes(tiny) -> None:
+def test_fewer_keeps_flowers_rows_and_adds_the_small_classes(clients) -> None:
     """Deliberate difference: the default ``fewer`` sends the same rows for
     classes with n_c > K and min(K, n_c) components for the classes Flower
     drops."""
-    _, _, drop, _, _ = client_features(tiny, "drop")
-    _, _, fewer, _, y = client_features(tiny, "fewer")
+    _, _, drop, _, _ = clients("drop")
+    _, _, fewer, _, y = clients("fewer")
     counts = np.bincount(y, minlength=10)
     assert set(fewer.tensors) == {f"gmm.{c}" for c in np.flatnonzero(counts)}
     assert set(drop.tensors) < set(fewer.tensors)
@@ -231,13 +244,13 @@ def test_server_draws_follow_the_uploaded_mixture_as_flowers_do(seed: int) -> No
         np.testing.assert_allclose(shares, [0.2, 0.5, 0.3], atol=0.015)
 
 
-def test_the_server_draws_n_c_per_client_and_class(tiny) -> None:
+def test_the_server_draws_n_c_per_client_and_class(clients) -> None:
     """As Flower's strategy: every (client, class) mixture sent gives n_c
     features labelled c (``num_samples`` of its GMMParameters)."""
-    m = client_features(tiny, "drop")[0]
+    m = clients("drop")[0]
     uploads = {}
     for client in range(3):
-        _, _, uploads[client], _, _ = client_features(tiny, "drop", client)
+        _, _, uploads[client], _, _ = clients("drop", client)
     x, y = m.synthetic_features(uploads)
     expect = np.zeros(10, dtype=int)
     for up in uploads.values():
