@@ -18,14 +18,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from osfl import assembly
 from osfl.config import method_config
 from osfl.fl.method import METHODS
+from osfl.fl.seeds import derive_seed
 from osfl.methods import intactofl as intactofl_module
-from osfl.methods.intactofl import Gate, MoEPredictor
-from osfl.methods.kd.base import PhaseTimer, ServerSide
+from osfl.methods.clients import model_from_state
+from osfl.methods.intactofl import Gate, MoEPredictor, mix
+from osfl.methods.kd.base import PhaseTimer, ServerSide, seeded
 from osfl.methods.kd.space import InputSpace
 from osfl.methods.kd.teacher import EnsembleTeacher
-from smoke import smoke_config, smoke_context
+from smoke import first_aggregation, smoke_config, smoke_context
 
 CLASSES = 10
 SHAPE = (1, 8, 8)
@@ -140,12 +143,53 @@ def test_a_top_1_gate_learns_to_route_too(run, monkeypatch):
     assert torch.equal(g, F.one_hot(g.argmax(1), 2).float())
 
 
-def test_a_gate_without_the_ce_signal_learns_no_routing(run, monkeypatch):
-    """The routing comes from the mixture's CE (Eq. 2), not from the balance
-    term: with ``ce_weight=0`` the gate only spreads its weight."""
-    moe, _ = train_gate(run, monkeypatch, distill={"ce_weight": 0.0, "lr": 0.5})
-    share, _ = routing(moe, *coded(60, seed=2))
+def test_the_balance_term_alone_evens_out_the_gate(run, monkeypatch):
+    """The routing comes from the mixture's CE (paper Eq. 2), not from the
+    balance term: with ``ce_weight=0`` the gate learns no routing, and the
+    balance term ``std(G(x))`` it then minimises alone spreads its weights
+    more evenly than at initialisation."""
+    moe, initial = train_gate(
+        run, monkeypatch, balance_weight=1.0, distill={"ce_weight": 0.0, "lr": 0.5}
+    )
+    x, y = coded(60, seed=2)
+    share, _ = routing(moe, x, y)
     assert share < 0.7
+    with torch.no_grad():
+        assert float(moe.gate(x).std()) < 0.7 * float(initial.gate(x).std())
+
+
+def test_the_server_keeps_the_trained_gate_and_the_intact_clients() -> None:
+    """IntactOFL's server state (Alg. 1): the gate it returns is the one the
+    server trained (not its seeded initialisation), and the experts are the
+    clients' uploads, unchanged; the predictor mixes exactly those."""
+    cfg = smoke_config("intactofl")
+    ctx = smoke_context(cfg)
+    state, uploads = first_aggregation(assembly.build_job(cfg, "intactofl", ctx))
+    cls = METHODS.get("intactofl")
+
+    class Spy(cls):  # type: ignore[misc,valid-type]
+        def server_train(self, side, teacher, student):
+            self.trained = super().server_train(side, teacher, student)
+            return self.trained
+
+    method = Spy(method_config(cls, {"epochs": 2, "synthesis_batch_size": 32}), ctx.run)
+    new = method.aggregate(state, uploads, 0)
+    with seeded(derive_seed(ctx.run.seed, "kd-server", "gate")):
+        initial = method.build_gate(len(uploads))
+    trained = method.trained.gate.state_dict()
+    assert set(new["server"]) == set(trained)
+    assert all(torch.equal(new["server"][k], v) for k, v in trained.items())
+    assert any(not torch.equal(trained[k], v) for k, v in initial.state_dict().items())
+    for c, up in uploads.items():
+        for k, v in up.tensors.items():
+            assert torch.equal(new["clients"][c][k], v)
+    moe = method.predictor(new)
+    x = ctx.run.eval_transform(ctx.splits.test.images[:16])
+    with torch.no_grad():
+        out, g = moe.mixture(x)
+        assert float((g - initial(x)).abs().max()) > 1e-3
+        experts = [model_from_state(ctx.run, uploads[c].tensors).eval() for c in sorted(uploads)]
+        torch.testing.assert_close(out, mix(torch.stack([e(x) for e in experts]), g))
 
 
 @pytest.mark.parametrize("top_k", [1, 2, 3])
