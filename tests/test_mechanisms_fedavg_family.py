@@ -152,6 +152,24 @@ def test_scaffold_client_step_and_control_variate_by_hand(data: ImageSet) -> Non
         close(up.tensors[f"scaffold.delta_c.{k}"], g[k] - c_i[k])
 
 
+def test_scaffold_option_i_control_variate_is_the_gradient_at_the_server_model(
+    data: ImageSet,
+) -> None:
+    """SCAFFOLD's option I (Alg. 1 l. 12): ``c_i+ = g_i(x)``, the client's full
+    gradient at the *server* model, whatever the local steps did (here two)."""
+    run = make_run(epochs=2)
+    method = make("scaffold", run, option="I")
+    state = method.init_state()
+    x = params(run, state.model)
+    state.server["c"] = small(x, 1)
+    own = ClientState(tensors={f"c_i.{k}": v for k, v in small(x, 2).items()})
+    up = method.client_update(ctx(run, own), method.broadcast(state, 0), data)
+    g = grad_at(run, state.model, data)
+    for k in x:
+        close(own.tensors[f"c_i.{k}"], g[k])
+        assert not torch.allclose(up.tensors[k], x[k] - LR * g[k])  # two steps were taken
+
+
 def test_scaffold_server_update_with_partial_participation_by_hand() -> None:
     """SCAFFOLD's server (Alg. 1 l. 16-17): ``x <- x + eta_g (mean_S y_i - x)``
     and ``c <- c + (1/N) Σ_S Delta c_i`` with N *all* the clients, S the

@@ -266,7 +266,7 @@ def test_dense_generator_is_trained_towards_the_teacher(task: Task) -> None:
     """DENSE's data generation (Zhang et al., NeurIPS 2022, §3.2): the
     generator's parameters are optimised, and the images it ends with are
     classified as their labels by the ensemble more often than those of the
-    untrained generator."""
+    untrained generator; each round restarts from a fresh DCGAN initialisation."""
     teacher = EnsembleTeacher(task.members)
     space = InputSpace.from_transform(task.run.eval_transform, 1)
     labels = torch.arange(40) % 10
@@ -301,6 +301,12 @@ def test_dense_generator_is_trained_towards_the_teacher(task: Task) -> None:
     assert any(k.startswith("l1.") for k in changed) and any(
         k.startswith("blocks.") for k in changed
     )
+    # every round starts from a re-initialised generator (DENSE's and Co-Boosting's
+    # ``reset_model``), not from the one the last round trained
+    trained_state = {k: v.detach().clone() for k, v in gen.state_dict().items()}
+    agreement(1)
+    assert not torch.equal(snapshot["l1.weight"], trained_state["l1.weight"])
+    assert float(snapshot["l1.weight"].std()) == pytest.approx(0.02, rel=0.1)  # N(0, 0.02)
 
 
 def _record_batches(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[tuple]:
