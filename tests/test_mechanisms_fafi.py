@@ -117,6 +117,8 @@ def test_fafi_iffi_weights_are_one_minus_the_cosine_to_the_noise_feature(fafi) -
     alpha = 1 - F.cosine_similarity(feats, noise_feats[:, None, :], dim=-1)
     torch.testing.assert_close(pred.last_weights, alpha, rtol=1e-4, atol=1e-5)
     fused = (alpha[..., None] * feats).sum(0) / alpha.sum(0)[:, None]
+    with torch.no_grad():
+        torch.testing.assert_close(pred.fused_features(x), fused, rtol=1e-4, atol=1e-5)
     protos = torch.stack([state["clients"][c]["prototypes"] for c in state["clients"]]).mean(0)
     want = F.normalize(fused, dim=1) @ F.normalize(protos, dim=1).T
     torch.testing.assert_close(scores, want, rtol=1e-4, atol=1e-5)

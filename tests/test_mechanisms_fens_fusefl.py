@@ -91,14 +91,18 @@ def test_fens_aggregator_is_trained_on_the_client_logits(fens) -> None:
         }
     assert ce["trained"] < 0.5 * ce["received"] and ce["trained"] < ce["average"]
     # a later round starts from the aggregator it receives (the server's average)
-    later = dict(fens["b"].tensors)
-    later.update({k: v + 0.5 for k, v in later.items() if k.startswith("aggregator.")})
-    again = method.client_update(
-        client_ctx(job, 0, 2, fens["own"]),
-        type(fens["b"])(tensors=later, meta=fens["b"].meta),
-        data,
-    )
-    assert any(not torch.equal(again.tensors[k], v) for k, v in up.tensors.items())
+    shifted = {
+        k: v + 0.5 if k.startswith("aggregator.") else v for k, v in fens["b"].tensors.items()
+    }
+    later = {
+        name: method.client_update(
+            client_ctx(job, 0, 2, fens["own"]),
+            type(fens["b"])(tensors=tensors, meta=fens["b"].meta),
+            data,
+        ).tensors
+        for name, tensors in (("received", fens["b"].tensors), ("shifted", shifted))
+    }
+    assert any(not torch.equal(later["shifted"][k], v) for k, v in later["received"].items())
 
 
 def test_fens_server_averages_the_aggregators_by_data_size(fens) -> None:
