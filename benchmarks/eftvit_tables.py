@@ -1,0 +1,119 @@
+"""REPRODUCTION's EFTViT rows from its run directories: both predictors.
+
+Every EFTViT record holds the mean of the clients' own models (its
+``global_test_accuracy``, each client in ``client_accuracies``) and the
+server's predictor (``server_accuracy``), at the end and, with
+``eval_every``, per round (``curve``). This prints, per run directory and
+grid point (client learning rate × Dirichlet β), the final accuracy of both,
+each one's best round and the first round each reaches a target, and writes
+every per-seed value to a JSON file (the repository keeps it under
+``reproduction/``).
+
+    python benchmarks/eftvit_tables.py RUN_DIR ... [--target 0.1=0.4 --target 1.0=0.55] [--out FILE.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from osfl.report import read_metrics
+
+
+def first_reaching(curve: Sequence[Mapping[str, Any]], key: str, target: float) -> int | None:
+    """The first evaluated round (counted from 1) whose ``key`` reaches ``target``."""
+    return next((int(p["round"]) + 1 for p in curve if p.get(key, -1.0) >= target), None)
+
+
+def best(curve: Sequence[Mapping[str, Any]], key: str) -> tuple[float, int] | None:
+    """The highest ``key`` of the curve (%) and its round (counted from 1)."""
+    points = [p for p in curve if key in p]
+    if not points:
+        return None
+    top = max(points, key=lambda p: p[key])
+    return round(100 * float(top[key]), 2), int(top["round"]) + 1
+
+
+def row(record: Mapping[str, Any], targets: Mapping[float, float]) -> dict[str, Any]:
+    """The values of one EFTViT record (accuracies in %)."""
+    alpha = float(record["partition"]["params"]["alpha"])
+    curve = record.get("curve", [])
+    out: dict[str, Any] = {
+        "lr": float(record["train"]["lr"]),
+        "alpha": alpha,
+        "seed": int(record["seed"]),
+        "clients_mean": round(100 * float(record["global_test_accuracy"]), 2),
+        "server": round(100 * float(record["server_accuracy"]), 2),
+        "clients": [None if a is None else round(100 * a, 2) for a in record["client_accuracies"]],
+        "clients_not_sampled": record.get("clients_not_sampled", []),
+        "best_clients_mean": best(curve, "accuracy"),
+        "best_server": best(curve, "server_accuracy"),
+        "rounds": int(record["rounds"]),
+    }
+    if alpha in targets:
+        target = targets[alpha]
+        out["target"] = target
+        out["rounds_to_target_clients_mean"] = first_reaching(curve, "accuracy", target)
+        out["rounds_to_target_server"] = first_reaching(curve, "server_accuracy", target)
+    return out
+
+
+def collect(run_dirs: Sequence[str], targets: Mapping[float, float]) -> list[dict[str, Any]]:
+    """Every EFTViT record of the run directories, by β, client lr and seed."""
+    rows = []
+    for d in run_dirs:
+        for r in read_metrics(Path(d) / "metrics.json")["records"]:
+            if r["method"] == "eftvit":
+                rows.append(row(r, targets))
+    return sorted(rows, key=lambda x: (x["alpha"], x["lr"], x["seed"]))
+
+
+def _best_cell(value: tuple[float, int] | None) -> str:
+    return "–" if value is None else f"{value[0]:.1f} ({value[1]})"
+
+
+def _target_cell(r: Mapping[str, Any]) -> str:
+    """Rounds to the target, clients' mean / server ("–": not reached, blank: no target)."""
+    if "target" not in r:
+        return ""
+    rounds = [r["rounds_to_target_clients_mean"], r["rounds_to_target_server"]]
+    return f"{100 * r['target']:g} %: " + " / ".join("–" if n is None else str(n) for n in rounds)
+
+
+def markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The table's lines: one per run (β, client lr, seed)."""
+    lines = [
+        "| β | client lr | seed | clients' mean | server | best clients' mean (round) "
+        "| best server (round) | clients' range | rounds to target (clients' mean / server) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        own = [a for a in r["clients"] if a is not None]
+        spread = f"{min(own):.1f}–{max(own):.1f}" if own else "–"
+        lines.append(
+            f"| {r['alpha']} | {r['lr']:g} | {r['seed']} | {r['clients_mean']:.1f} "
+            f"| {r['server']:.1f} | {_best_cell(r['best_clients_mean'])} "
+            f"| {_best_cell(r['best_server'])} | {spread} | {_target_cell(r)} |"
+        )
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dirs", nargs="+")
+    ap.add_argument("--target", action="append", default=[], help="ALPHA=ACCURACY (a fraction)")
+    ap.add_argument("--out", help="write the per-seed values here (JSON)")
+    args = ap.parse_args()
+    targets = {float(a): float(t) for a, t in (x.split("=") for x in args.target)}
+    rows = collect(args.run_dirs, targets)
+    print("\n".join(markdown(rows)))
+    if args.out:
+        Path(args.out).write_text(json.dumps(rows, indent=1) + "\n")
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
