@@ -67,8 +67,8 @@ def collect(run_dirs: Sequence[str], targets: Mapping[float, float]) -> list[dic
     for d in run_dirs:
         for r in read_metrics(Path(d) / "metrics.json")["records"]:
             if r["method"] == "eftvit":
-                rows.append(row(r, targets))
-    return sorted(rows, key=lambda x: (x["alpha"], x["lr"], x["seed"]))
+                rows.append({"run": Path(d).name, **row(r, targets)})
+    return sorted(rows, key=lambda x: (x["alpha"], x["lr"], x["run"], x["seed"]))
 
 
 def _best_cell(value: tuple[float, int] | None) -> str:
@@ -84,17 +84,17 @@ def _target_cell(r: Mapping[str, Any]) -> str:
 
 
 def markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The table's lines: one per run (β, client lr, seed)."""
+    """The table's lines: one per record (run directory, β, client lr, seed)."""
     lines = [
-        "| β | client lr | seed | clients' mean | server | best clients' mean (round) "
+        "| run | β | client lr | seed | clients' mean | server | best clients' mean (round) "
         "| best server (round) | clients' range | rounds to target (clients' mean / server) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         own = [a for a in r["clients"] if a is not None]
         spread = f"{min(own):.1f}–{max(own):.1f}" if own else "–"
         lines.append(
-            f"| {r['alpha']} | {r['lr']:g} | {r['seed']} | {r['clients_mean']:.1f} "
+            f"| {r.get('run', '')} | {r['alpha']} | {r['lr']:g} | {r['seed']} | {r['clients_mean']:.1f} "
             f"| {r['server']:.1f} | {_best_cell(r['best_clients_mean'])} "
             f"| {_best_cell(r['best_server'])} | {spread} | {_target_cell(r)} |"
         )

@@ -89,8 +89,12 @@ def test_collect_keeps_eftvit_records_sorted_and_the_table_marks_gaps(tmp_path: 
     (tmp_path / "metrics.json").write_text(json.dumps({"records": records}))
     rows = t.collect([str(tmp_path)], {0.1: 0.6})
     assert [(r["alpha"], r["lr"]) for r in rows] == [(0.1, 1e-5), (0.1, 3e-5), (1.0, 1e-5)]
+    assert {r["run"] for r in rows} == {tmp_path.name}
     lines = t.markdown(rows)
     assert len(lines) == 2 + 3
+    assert lines[2].startswith(
+        f"| {tmp_path.name} | 0.1 | 1e-05 | 0 | 42.0 | 41.0 | 50.0 (3) | 55.0 (3) "
+    )
     # β 0.1: 60 % never reached by either predictor; β 1.0 has no target
     assert lines[2].endswith("| 34.0–50.0 | 60 %: – / – |")
     assert lines[4].endswith("| 34.0–50.0 |  |")
