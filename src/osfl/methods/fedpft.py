@@ -73,7 +73,8 @@ def _server_fit() -> FitConfig:
 @dataclass(frozen=True)
 class FedPFTConfig:
     """FedPFT's options (see docs/methods/fedpft.md). ``tol``/``max_iter``:
-    EM stopping as the Flower baseline (1e-12, 1000 iterations)."""
+    EM stopping as the Flower baseline's ``learn_gmm`` defaults (1e-12, 1000
+    iterations; its strategy config passes 10000)."""
 
     components: int = 20
     small_classes: str = "fewer"
