@@ -2,7 +2,7 @@
 
 Guan, Zhou & Gu, "Capture Global Feature Statistics for One-Shot Federated
 Learning" (AAAI 2025, the method FedCGS; code
-github.com/Yuqin-G/FedCGS, ``main_fedcgs.py`` / ``utils_fl.eval_lda``), a
+github.com/Yuqin-G/FedCGS, ``main_fedcgs.py`` / ``utils_fl.eval``), a
 FALCON baseline (Liu et al., 2025, Table 2). Each client runs the frozen
 encoder (:mod:`osfl.methods.frozen`) over its images and uploads, in
 float64, its per-class feature sums S_c, per-class counts n_c and the
