@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -14,9 +15,10 @@ from conftest import TINY
 from osfl import assembly
 from osfl.config import load_config, method_config
 from osfl.data.imageset import ImageSet
-from osfl.errors import ConfigError
+from osfl.errors import ConfigError, UploadError
 from osfl.experiment import run_experiment
 from osfl.fl import client_training
+from osfl.fl.context import ClientContext, ClientState
 from osfl.fl.runtime.simulation import SimulationRuntime
 from osfl.fl.server_optim import server_step
 from osfl.fl.upload import Upload, validate
@@ -32,7 +34,7 @@ from osfl.methods.fens import (
 )
 from osfl.methods.fens import method as fens_method
 from osfl.methods.fens.aggregator import samples_seen
-from smoke import BASE
+from smoke import BASE, first_aggregation
 
 # --------------------------------------------------------------------------- INT8
 
@@ -297,7 +299,7 @@ def test_bad_options_are_refused(bad, words):
         method_config(FENS, bad)
 
 
-def test_a_single_sample_client_holds_nothing_out():
+def test_a_single_sample_client_holds_nothing_out(tmp_path):
     """It trains on its one sample; with nothing held out it has no logits, so
     its aggregator turns send nothing (an UploadError: it sits those rounds out)."""
     data = ImageSet(
@@ -307,3 +309,11 @@ def test_a_single_sample_client_holds_nothing_out():
     )
     train, held = split_client_data(data, 0.1, 0, 0)
     assert len(train) == 1 and len(held) == 0
+    cfg, ctx = _smoke(tmp_path, "cache_dir=null")
+    job = assembly.build_job(cfg, "fens", ctx)
+    state0, uploads = first_aggregation(job)
+    state = job.method.aggregate(state0, uploads, 0)
+    one = job.clients.data(0).subset(np.array([0]))
+    turn = ClientContext(job.run, 0, 1, torch.Generator().manual_seed(0), ClientState())
+    with pytest.raises(UploadError, match="holds no data out"):
+        job.method.client_update(turn, job.method.broadcast(state, 1), one)
