@@ -196,6 +196,8 @@ def train_clients_together(
     if run.cache is None:
         return []
     cache, transform, cfg = run.cache, run.train_transform, plan.cfg
+    if plan.select is not None:  # what each client's own turn trains on
+        clients = {c: (ctx, plan.select(ctx, data)) for c, (ctx, data) in clients.items()}
     missing: dict[int, tuple[str, dict[str, Any]]] = {}
     for c, (ctx, data) in clients.items():
         parts = cache_parts(ctx, data, plan.model, cfg, transform)
