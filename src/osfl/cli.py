@@ -130,19 +130,29 @@ def cmd_table(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The console of the running command (:func:`main` makes it; logging writes through it).
+_CONSOLE: Any = None
+#: Piped output is this wide: no table is wrapped or cut (rich would assume 80 columns).
+PIPED_WIDTH = 1000
+
+
 def _console() -> Any:
-    """The terminal console; when output is piped, wide enough that a table's
-    columns are never cut (rich would assume 80 columns)."""
-    console = _rich_console()
-    return console if console.is_terminal else _rich_console(width=160)
+    """The console every command prints through, and logging too in a terminal
+    (so that log lines go above the live progress bars instead of onto them).
+    Piped to a file or another program: no colour codes, and wide enough that
+    no table is wrapped or cut."""
+    global _CONSOLE
+    if _CONSOLE is None:
+        _CONSOLE = _make_console()
+    return _CONSOLE
 
 
-def _rich_console(**kwargs: Any) -> Any:
-    """A ``rich.console.Console``, imported when a command first prints."""
+def _make_console() -> Any:
     # heavy: rich (~25 ms, as much as the rest of this module; `osfl --help` needs none of it)
     from rich.console import Console
 
-    return Console(**kwargs)
+    console = Console()
+    return console if console.is_terminal else Console(width=PIPED_WIDTH, color_system=None)
 
 
 def _progress_board(console: Any, enabled: bool) -> Any:
@@ -183,7 +193,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         aux_seed=args.aux_seed,
         device=args.device,
     )
-    console = _rich_console()
+    console = _console()
     table = audit_rich_table(results, title=f"privacy audit — {args.run_dir}")
     if table is not None:
         console.print(table)
@@ -224,7 +234,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
         n = int(counts.sum())
         share = f"{counts.max() / n:.2f}" if n else "—"
         table.add_row(str(c), str(n), str(int((counts > 0).sum())), share)
-    console = _rich_console()
+    console = _console()
     console.print(table)
     console.print(f"federation written to {path}")
     if args.plot:
@@ -345,7 +355,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         cache_dir=up.cache_dir,
         options=dict(up.options),
     )
-    console = _rich_console()
+    console = _console()
     known = {"upstream": upstream_block(upstream)}
     for task_path in args.disjoint_from or []:  # refuse before anything trains
         task = load_config(task_path)
@@ -551,17 +561,30 @@ def cmd_flower_status(args: argparse.Namespace) -> int:
     return run_dir_status(args.run_dir)
 
 
-def _setup_logging(verbose: int) -> None:
+class _PlainHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Log lines as plain text on stderr (output that is not a terminal)."""
+
+
+def _setup_logging(verbose: int, console: Any) -> None:
+    """One handler on the ``osfl`` logger: in a terminal rich's, writing through
+    ``console`` (the one the live progress display draws on, so a log line is
+    printed above the bars, never onto one); otherwise plain lines on stderr,
+    without colour codes or wrapping."""
     # heavy: rich (~25 ms; `osfl --help` exits before logging is set up)
     from rich.logging import RichHandler
 
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logger = logging.getLogger("osfl")
-    handler = next((h for h in logger.handlers if isinstance(h, RichHandler)), None)
-    if handler is None:
-        handler = RichHandler(show_path=False, show_time=False)
-        logger.addHandler(handler)
+    for old in [h for h in logger.handlers if isinstance(h, RichHandler | _PlainHandler)]:
+        logger.removeHandler(old)
+    handler: logging.Handler
+    if console.is_terminal:
+        handler = RichHandler(console=console, show_path=False, show_time=False)
+    else:
+        handler = _PlainHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     handler.setLevel(level)
+    logger.addHandler(handler)
     if logger.getEffectiveLevel() > level:
         logger.setLevel(level)
 
@@ -575,7 +598,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "run" or any(e.startswith("-") or "=" not in e for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.items = [*args.items, *extra]
-    _setup_logging(args.verbose)
+    global _CONSOLE
+    _CONSOLE = _make_console()
+    _setup_logging(args.verbose, _CONSOLE)
     try:
         return int(args.func(args))
     except (OsflError, OSError) as e:  # OSError: a path the user gave cannot be read/written
