@@ -35,6 +35,7 @@ from osfl.errors import ConfigError
 from osfl.fl.secagg_config import SecAggPlusConfig
 from osfl.fl.server_config import ServerConfig
 from osfl.fl.train_config import TrainConfig
+from osfl.registry import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -262,9 +263,12 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
     key = getattr(e, "full_key", "") or ""
     if isinstance(e, ConfigKeyError | AttributeError) or "not in" in str(e):
         parent = key.rsplit(".", 1)[0] if "." in key else "top level"
-        valid = ", ".join(_valid_keys(schema, key)) or "(none)"
+        keys = _valid_keys(schema, key)
+        prefix = f"{parent}." if "." in key else ""
+        hint = did_you_mean(key.rsplit(".", 1)[-1], keys, prefix)
         return ConfigError(
-            f"unknown config key {key!r} ({source}); valid keys at {parent}: {valid}"
+            f"unknown config key {key!r}{hint} ({source}); valid keys at {parent}: "
+            f"{', '.join(keys) or '(none)'}"
         )
     if isinstance(e, ValidationError):
         first = str(e).splitlines()[0]
@@ -403,9 +407,12 @@ def _merge_options(
         if isinstance(e, ConfigKeyError | AttributeError) or "not in" in str(e):
             parent = key.rsplit(".", 1)[0] if "." in key else ""
             where = f"in {prefix}.{parent}" if parent else top
-            valid = ", ".join(_valid_keys(schema, key)) or "(none)"
+            keys = _valid_keys(schema, key)
             leaf = key.rsplit(".", 1)[-1]
-            raise ConfigError(f"unknown option {leaf!r} {where}; valid: {valid}") from e
+            hint = did_you_mean(leaf, keys)
+            raise ConfigError(
+                f"unknown option {leaf!r}{hint} {where}; valid: {', '.join(keys) or '(none)'}"
+            ) from e
         raise ConfigError(f"{prefix}.{key}: {str(e).splitlines()[0]}") from e
     except (TypeError, ValueError) as e:  # ConfigError included: the dataclass's own checks
         raise ConfigError(f"{prefix}: {e}") from e
