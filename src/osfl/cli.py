@@ -248,8 +248,18 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- list
+#: Where a config names a member of each registry.
+_SET_AS = {
+    "datasets": "data.source (NAME or NAME:<path>)",
+    "partition schemes": "partition.scheme",
+    "models": "model.name",
+    "transform pipelines": "transform.train, transform.eval",
+    "attacks": "audit: [NAME, ...]; osfl audit --attack NAME",
+}
+
+
 def registries() -> dict[str, list[str]]:
-    """Every registry a user can name in a config, by kind."""
+    """Every registry a user can name in a config, by kind (methods included)."""
     # heavy: torch (every registry lives with its layer)
     import osfl.methods  # noqa: F401  (registers the methods)
     from osfl.data.partition import PARTITIONS
@@ -259,53 +269,107 @@ def registries() -> dict[str, list[str]]:
     from osfl.models import list_models
     from osfl.privacy import ATTACKS
 
-    def describe(name: str) -> str:
-        cls = METHODS.get(name)
-        tags = [
-            t
-            for t, on in (
-                ("one-shot", cls.card.one_shot),
-                ("default run", cls.card.default_run),
-            )
-            if on
-        ]
-        tags += [f"regime {cls.card.regime}", f"uploads {cls.card.uploads}"]
-        return f"{name} ({', '.join(tags)})"
-
-    out = {
+    return {
         "datasets": list_datasets(),
         "partition schemes": PARTITIONS.names(),
         "models": list(list_models()),
-        "methods": [describe(n) for n in METHODS.names()],
+        "methods": METHODS.names(),
         "transform pipelines": PIPELINES.names(),
+        "attacks": ATTACKS.names(),
     }
-    out["attacks"] = ATTACKS.names()
-    return out
+
+
+def _rounds_label(cls: Any) -> str:
+    from osfl.fl.method import default_rounds
+
+    rounds = default_rounds(cls)
+    return "one-shot" if cls.card.one_shot and rounds == 1 else str(rounds)
+
+
+def _methods_table(names: Sequence[str]) -> Any:
+    """One row per method, grouped by regime: rounds, uploads, what it does."""
+    # heavy: rich, torch (osfl.fl.method)
+    from rich.table import Table
+
+    from osfl.fl.method import METHODS
+
+    table = Table(title="methods (osfl list --method NAME: its paper and options)")
+    for col in ("method", "regime", "rounds", "uploads", "what it does"):
+        table.add_column(col, no_wrap=col != "what it does")
+    classes = sorted(
+        (METHODS.get(n) for n in names), key=lambda c: (list(REGIMES).index(c.card.regime), c.name)
+    )
+    regime = None
+    for cls in classes:
+        if regime is not None and cls.card.regime != regime:
+            table.add_section()
+        regime = cls.card.regime
+        card = cls.card
+        table.add_row(cls.name, card.regime, _rounds_label(cls), card.uploads, card.summary)
+    return table
+
+
+def _names_table(kinds: dict[str, list[str]]) -> Any:
+    # heavy: rich
+    from rich.table import Table
+
+    table = Table(title="names a config can use")
+    for col in ("kind", "set as", "names"):
+        table.add_column(col, no_wrap=col != "names", max_width=None if col != "names" else 90)
+    for kind, names in kinds.items():
+        table.add_row(kind, _SET_AS[kind], ", ".join(names))
+    return table
+
+
+def _describe_method(console: Any, name: str) -> None:
+    """``osfl list --method NAME``: what it does, its paper, how it runs, and
+    every option with its default and description."""
+    # heavy: rich, torch (osfl.methods, osfl.config)
+    from rich.table import Table
+
+    import osfl.methods  # noqa: F401  (registers the methods)
+    from osfl.config import config_options
+    from osfl.fl.method import METHODS, capabilities_of
+
+    cls = METHODS.get(name)
+    card = cls.card
+    console.print(f"[bold]{cls.name}[/bold]: {card.summary}", highlight=False)
+    console.print(f"paper: {card.paper or '(an osfl baseline)'}", markup=False, highlight=False)
+    console.print(
+        f"regime {card.regime} ({REGIMES[card.regime]}); uploads {card.uploads} "
+        f"({UPLOAD_KINDS[card.uploads]}); rounds: {_rounds_label(cls)}",
+        markup=False,
+        highlight=False,
+    )
+    console.print(f"capabilities: {', '.join(capabilities_of(cls)) or '(core only)'}")
+    recipe = ", ".join(f"{k}: {v}" for k, v in card.train_defaults.items())
+    console.print(
+        "local training: the run's train.* "
+        + (f"with this method's defaults {recipe} " if recipe else "")
+        + f"(method_train.{cls.name}.<key>=<value> for this method alone)",
+        markup=False,
+        highlight=False,
+    )
+    options = config_options(cls.Config)
+    if not options:
+        console.print("options: none")
+        return
+    table = Table(title=f"options: method.{cls.name}.<option>=<value>")
+    for col in ("option", "default", "what it sets"):
+        table.add_column(col, no_wrap=col == "option")
+    for o in options:
+        table.add_row(o.key, o.default, o.help)
+    console.print(table)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     console = _console()
     if args.method:
-        # heavy: torch (osfl.methods, osfl.config)
-        import osfl.methods  # noqa: F401  (registers the methods)
-        from osfl.config import config_tree
-        from osfl.fl.method import METHODS, capabilities_of
-
-        cls = METHODS.get(args.method)
-        card = cls.card
-        console.print(f"[bold]{cls.name}[/bold]: {(cls.__doc__ or '').strip().splitlines()[0]}")
-        console.print(
-            f"regime {card.regime} ({REGIMES[card.regime]}); uploads {card.uploads} "
-            f"({UPLOAD_KINDS[card.uploads]})",
-            markup=False,
-        )
-        console.print(f"capabilities: {', '.join(capabilities_of(cls)) or '(core only)'}")
-        console.print(f"options (set as method.{cls.name}.<key>=<value>), with their defaults:")
-        console.print(config_tree(cls.Config).rstrip() or "(none)", markup=False)
+        _describe_method(console, args.method)
         return 0
-    for kind, names in registries().items():
-        console.print(f"[bold]{kind}[/bold] ({len(names)}): " + ", ".join(names), soft_wrap=True)
-    console.print("`osfl list --method NAME` prints a method's options with their defaults")
+    kinds = registries()
+    console.print(_names_table({k: v for k, v in kinds.items() if k != "methods"}))
+    console.print(_methods_table(kinds["methods"]))
     return 0
 
 
@@ -448,7 +512,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     lst = sub.add_parser("list", help="list datasets, partition schemes, models, methods, attacks")
     lst.add_argument(
-        "--method", metavar="NAME", help="print one method's full option tree with its defaults"
+        "--method",
+        metavar="NAME",
+        help="one method: what it does, its paper, and every option with its default",
     )
     lst.set_defaults(func=cmd_list)
 

@@ -34,12 +34,19 @@ class FitConfig:
     """One training recipe: ``epochs`` passes over the tensors in shuffled
     batches of ``batch_size`` with ``optimizer`` at ``lr`` (schedule per step)."""
 
+    #: passes over the training tensors
     epochs: int = 60
+    #: samples per step
     batch_size: int = 256
+    #: adam, adamw, sgd, ... (the names of train.optimizer)
     optimizer: str = "adam"
+    #: learning rate
     lr: float = 5e-4
+    #: weight decay
     weight_decay: float = 0.0
+    #: learning-rate schedule per step (constant, cosine, ...)
     schedule: str = "constant"
+    #: clip the gradient norm to this value (null: no clipping)
     grad_clip: float | None = None
 
     def __post_init__(self) -> None:

@@ -78,12 +78,19 @@ class FENSConfig:
     client's Adam training of it per round; ``client_fraction``: clients per
     aggregator round (round 1, which delivers the models, has everyone)."""
 
+    #: FL rounds of the aggregator after the one-shot upload
     rounds: int = 10
+    #: hidden units of the aggregator
     hidden: int = 64
+    #: epochs each client trains the aggregator per round
     local_epochs: int = 2
+    #: batch size of that training
     batch_size: int = 64
+    #: Adam learning rate of that training
     lr: float = 1e-2
+    #: share of the clients in each aggregator round
     client_fraction: float = 1.0
+    #: upload of the client models: none (float32) or int8
     quantize: str = "none"
 
     def __post_init__(self) -> None:
@@ -176,6 +183,13 @@ class FENS(Method, MultiRound, KeepsClientState, SharedTrainingStep):
 
     Config: ClassVar[type] = FENSConfig
     card: ClassVar[MethodCard] = MethodCard(
+        summary=(
+            "Clients send their models once, then train a small aggregator of the models' outputs "
+            "over a few FL rounds."
+        ),
+        paper=(
+            'Allouah et al., "Revisiting Ensembling in One-Shot Federated Learning", NeurIPS 2024'
+        ),
         one_shot=False,
         server_rule=True,  # the aggregator's FL rounds
         smoke=(
