@@ -15,7 +15,8 @@ overrides (fewer server epochs, a ViT where it needs one) and must:
   many round records as its rounds, state kept by clients only when it declares
   it, a released state that predicts as the full one, a secure mean that
   aggregates as the uploads behind it, history and report a runtime can
-  record, a batched step for the round's shared training.
+  record, a batched step for the round's shared training, no need of a
+  validation set unless configured to choose by one.
 
 The Method contract itself: the wrapper forwards every member of the core,
 and capabilities are found through any wrapper.
@@ -45,6 +46,7 @@ from osfl.fl.method import (
     MethodWrapper,
     Reporting,
     SecureAggregation,
+    ServerValidation,
     SharedTrainingStep,
     SiteEvaluation,
     capability,
@@ -196,6 +198,9 @@ def check_capabilities(method: Method, result: RunResult) -> None:
     if shared is not None:
         plan = shared.shared_training(method.broadcast(method.init_state(), 0), 0)
         assert plan is None or isinstance(plan, SharedTraining)
+    chooser = capability(method, ServerValidation)
+    if chooser is not None:  # a smoke run has no validation set and must not need one
+        chooser.use_validation(None)
 
 
 SECURE = [n for n in METHODS.names() if issubclass(METHODS.get(n), SecureAggregation)]

@@ -10,12 +10,14 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 from osfl.assembly import SeedContext, build_federation, build_run, load_splits
 from osfl.config import load_config, method_config
 from osfl.data.federation import Federation
 from osfl.errors import ConfigError, UploadError
 from osfl.fl.context import ClientContext
+from osfl.fl.method import give_validation
 from osfl.fl.runtime.simulation import run_simulation
 from osfl.fl.upload import Upload, validate
 from osfl.methods.falcon import (
@@ -84,7 +86,9 @@ def _param_change(
     """Which token positions' GMM parameters move when s becomes s2 (V,)."""
     with torch.no_grad():
         a, b = g.params(y, s), g.params(y, s2)
-    return torch.stack([(p - q).abs().flatten(2).amax(-1).amax(0) for p, q in zip(a, b, strict=True)]).amax(0)
+    return torch.stack(
+        [(p - q).abs().flatten(2).amax(-1).amax(0) for p, q in zip(a, b, strict=True)]
+    ).amax(0)
 
 
 def test_dependencies_of_each_variant() -> None:
@@ -133,6 +137,25 @@ def test_nll_decreases_on_a_toy_set() -> None:
         assert float(g.nll(y, s).mean()) < before - 0.5 * V * D
 
 
+def test_the_first_pass_computes_only_what_it_reads() -> None:
+    """M-AR's step 1 reads the class position alone, which attends only to
+    itself: its output from the class token alone equals the full sequence's
+    (so the sampler's cost is the authors' generate_full_proxy's: one position,
+    then the whole sequence), and the samples are drawn from the same law."""
+    torch.manual_seed(0)
+    g = generator("mar", cfg=GeneratorConfig(depth=2, width=32, heads=2, components=3)).eval()
+    y = torch.arange(4) % 2
+    full = g.hidden(g.layout.inputs(g, y, None))[:, 0]
+    alone = g.hidden(g.class_embed(y).unsqueeze(1))[:, 0]
+    assert torch.allclose(alone, full, atol=1e-6)
+    with FlopCounterMode(display=False) as counter:
+        g.sample(y, torch.Generator().manual_seed(1))
+    one_position = counter.get_total_flops()
+    with FlopCounterMode(display=False) as counter:
+        g.hidden(g.layout.inputs(g, y, None))
+    assert one_position < 2 * counter.get_total_flops()  # < two full passes
+
+
 def test_two_step_sampling_uses_one_s0_per_sequence() -> None:
     """Regions copy s0 in the toy data; samples must do the same, and the s0
     fed to the second pass is the s0 that is returned."""
@@ -154,9 +177,8 @@ def test_two_step_sampling_uses_one_s0_per_sequence() -> None:
     hook = g.in_proj.register_forward_hook(lambda mod, inp, out: seen.append(inp[0].detach()))
     out = g.sample(torch.zeros(64, dtype=torch.int64), torch.Generator().manual_seed(5))
     hook.remove()
-    assert len(seen) == 2  # pass 1: a placeholder the class position cannot see; pass 2: s0
-    assert float(seen[0].abs().max()) == 0.0
-    assert torch.allclose(seen[1][:, 0], g.standardise(out)[:, 0], atol=1e-5)
+    assert len(seen) == 1  # pass 1 runs the class token alone; pass 2 feeds the drawn s0
+    assert torch.allclose(seen[0][:, 0], g.standardise(out)[:, 0], atol=1e-5)
     sign0 = out[:, 0].mean(-1).sign()
     # regions follow their own s0 (a re-drawn s0 would agree half of the time)
     agree = (out[:, 1:].mean(-1).sign() == sign0[:, None]).float().mean()
@@ -320,6 +342,15 @@ def test_paper_defaults() -> None:
         g = SequenceGenerator(768, 5, 10, cfg.generator_model, "mar")
     mib = sum(t.numel() for t in g.state_dict().values()) * 4 / 2**20
     assert abs(mib - 144.33) / 144.33 < 0.03
+    # the authors' code: 1.5 synthetic per real sequence, the lowest-loss generator
+    assert (cfg.synthetic_ratio, cfg.generator_fit.keep, cfg.server_fit.keep) == (
+        1.5,
+        "lowest_loss",
+        "last",
+    )
+    assert cfg.student_selection == "last"
+    with pytest.raises(ConfigError, match="student_selection must be one of last, validation"):
+        method_config(FALCON, {"student_selection": "best"})
     with pytest.raises(ConfigError, match="upload"):
         method_config(FALCON, {"upload": "both"})
     with pytest.raises(ConfigError, match="generator variant"):
@@ -391,7 +422,7 @@ def test_single_class_client_uploads_and_the_server_copes(tiny) -> None:
     m = falcon(ctx)
     res = run_simulation(m, ctx.run, splits.train, fed, threads_per_client=1)
     assert res.refused == {} or res.refused == []
-    assert res.state["clients"][0]["synthetic"] == len(only_3)
+    assert res.state["clients"][0]["synthetic"] == round(1.5 * len(only_3))  # synthetic_ratio
     report = m.report(res.state)
     assert set(report["bytes_up"]) == {"0", "1", "2"}
     b = report["bytes_up"]["0"]
@@ -457,3 +488,31 @@ def test_the_screen_bounds_what_the_server_must_generate(tiny) -> None:
     key = next(k for k in sent.tensors if k.startswith("sequences."))
     hollow = Upload({k: v for k, v in sent.tensors.items() if k != key}, sent.meta)
     assert "absent" in (seqs.screen(state, 0, 1, hollow) or "")
+
+
+def test_student_selection_by_validation_keeps_the_most_accurate_epoch(tiny) -> None:
+    """With ``student_selection=validation`` the server's student is the epoch
+    most accurate on the validation set: its accuracy there equals the best of
+    the students stopped after 1 to 6 epochs (a constant schedule, so epoch
+    k of a 6-epoch fit is a k-epoch fit). Without a validation set it refuses."""
+    ctx = seed_ctx(tiny)
+    validation = ctx.splits.test
+    with pytest.raises(ConfigError, match=r"data\.validation_fraction"):
+        give_validation(falcon(ctx, student_selection="validation"), None)
+    give_validation(falcon(ctx), None)  # the default needs none
+    base = falcon(ctx)
+    uploads = {c: upload_of(base, ctx, c) for c in range(3)}
+
+    def accuracy_on_validation(m: FALCON) -> float:
+        state = m.aggregate(m.init_state(), uploads, 0)
+        pred = m.predictor(state)
+        x = ctx.run.eval_transform(validation.images)
+        with torch.no_grad():
+            return float((pred(x).argmax(-1) == validation.labels).float().mean())
+
+    fits = [dict(FAST["server_fit"], epochs=k, lr=0.01) for k in range(1, 7)]
+    stopped = [accuracy_on_validation(falcon(ctx, server_fit=f)) for f in fits]
+    chosen = falcon(ctx, server_fit=fits[-1], student_selection="validation")
+    give_validation(chosen, validation)
+    assert max(stopped) > stopped[-1]  # the last epoch is not the best, so the choice shows
+    assert accuracy_on_validation(chosen) == pytest.approx(max(stopped))

@@ -247,3 +247,62 @@ def test_fit_is_seeded_and_lowers_the_loss() -> None:
         )
     with pytest.raises(ConfigError, match="optimizer"):
         FitConfig(optimizer="nope")
+    with pytest.raises(ConfigError, match="keep must be one of last, lowest_loss"):
+        FitConfig(keep="best")
+
+
+def _weights_after_each_epoch(
+    cfg: FitConfig, loss_of_epoch: list[float], score: Any = None
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """A one-parameter model whose epoch e ends at weight e + 1 with mean loss
+    ``loss_of_epoch[e]`` (one batch per epoch, SGD at lr 1 on a linear loss)."""
+    m = torch.nn.Linear(1, 1, bias=False)
+    with torch.no_grad():
+        m.weight.zero_()
+    seen: list[torch.Tensor] = []
+    epoch = iter(range(len(loss_of_epoch)))
+
+    def loss(mod: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        e = next(epoch)
+        target = torch.tensor(loss_of_epoch[e])
+        # gradient -1 on the weight: SGD at lr 1 adds one per epoch
+        return -mod.weight.sum() + (target + mod.weight.sum()).detach()
+
+    def scoring(mod: torch.nn.Module) -> float:
+        seen.append(mod.weight.detach().clone())
+        return score(mod) if score else 0.0
+
+    fit(
+        m,
+        [torch.zeros(1, 1)],
+        loss,
+        dataclasses.replace(cfg, epochs=len(loss_of_epoch), batch_size=1, optimizer="sgd", lr=1.0),
+        generator=torch.Generator().manual_seed(0),
+        score=scoring if score else None,
+    )
+    return seen, m.weight.detach().clone()
+
+
+def test_fit_keeps_the_epoch_it_is_told_to() -> None:
+    """``last``: the final weights; ``lowest_loss``: those after the epoch
+    of the lowest mean loss (the first of equals; a NaN epoch never wins);
+    a ``score``: those after the best-scoring epoch, scored in eval mode."""
+    losses = [3.0, 1.0, 2.0, 1.0, float("nan")]
+    _, last = _weights_after_each_epoch(FitConfig(), losses)
+    assert last.item() == 5.0
+    _, lowest = _weights_after_each_epoch(FitConfig(keep="lowest_loss"), losses)
+    assert lowest.item() == 2.0  # epoch 2 (weight 2): the first loss of 1.0
+    _, nan_first = _weights_after_each_epoch(
+        FitConfig(keep="lowest_loss"), [float("nan"), 4.0, 5.0]
+    )
+    assert nan_first.item() == 2.0
+    modes: list[bool] = []
+
+    def score(mod: torch.nn.Module) -> float:
+        modes.append(mod.training)
+        return -abs(mod.weight.item() - 3.0)  # best after epoch 3
+
+    seen, chosen = _weights_after_each_epoch(FitConfig(keep="lowest_loss"), losses, score)
+    assert [w.item() for w in seen] == [1.0, 2.0, 3.0, 4.0, 5.0]
+    assert chosen.item() == 3.0  # the score overrides keep
+    assert modes == [False] * 5

@@ -142,7 +142,7 @@ def test_the_same_command_gives_the_same_weights(cli_run, tmp_path):
     """Pretraining is deterministic on one machine: the same command, in the
     same environment (its card's ``training.environment``), writes the same
     sha256 (the card's data fingerprint names the upstream images)."""
-    out, card = cli_run
+    _, card = cli_run
     again = tmp_path / "again.safetensors"
     argv = ["pretrain", "--upstream", "digits", "--classes", "0,1,2,3,4", "--epochs", "3"]
     before = torch.get_num_threads()

@@ -41,7 +41,7 @@ from osfl.errors import ConfigError
 from osfl.fl.cache import ClientCache
 from osfl.fl.context import ModelSpec, RunContext
 from osfl.fl.evaluate import evaluate, local_test_accuracy
-from osfl.fl.method import METHODS, Method, Reporting, capability
+from osfl.fl.method import METHODS, Method, Reporting, capability, give_validation
 from osfl.fl.progress import Progress
 from osfl.fl.provenance import compute_environment
 from osfl.fl.regimes import run_regime
@@ -431,8 +431,10 @@ def method_run(cfg: ExperimentConfig, name: str, run: RunContext) -> RunContext:
 def build_job(cfg: ExperimentConfig, name: str, ctx: SeedContext) -> Job:
     """Method ``name`` × the seed of ``ctx``, ready for a runtime."""
     run = method_run(cfg, name, ctx.run)
+    method = build_method(cfg, name, run, [len(ix) for ix in ctx.federation.client_indices])
+    give_validation(method, ctx.splits.validation)
     return Job(
-        method=build_method(cfg, name, run, [len(ix) for ix in ctx.federation.client_indices]),
+        method=method,
         run=run,
         clients=PartitionedData(ctx.splits.train, ctx.federation),
         seed=ctx.run.seed,

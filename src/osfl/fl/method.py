@@ -269,6 +269,17 @@ class ImprovesOn(Capability):
         the clients' average), or ``None`` in this configuration."""
 
 
+class ServerValidation(Capability):
+    """The server chooses among its own candidates (a student's epochs) by
+    accuracy on the run's validation set (``data.validation_fraction``),
+    carved from the train set before partitioning, so no client holds it."""
+
+    @abstractmethod
+    def use_validation(self, data: ImageSet | None) -> None:
+        """Keep ``data`` for the server's choices (``None``: the run has no
+        validation set; a configuration that needs one refuses here)."""
+
+
 #: Every capability, by the name ``osfl list`` and the docs use.
 CAPABILITIES: dict[str, type[Capability]] = {
     "multi_round": MultiRound,
@@ -281,6 +292,7 @@ CAPABILITIES: dict[str, type[Capability]] = {
     "report": Reporting,
     "artifacts": Artifacts,
     "improves_on": ImprovesOn,
+    "server_validation": ServerValidation,
 }
 
 C = TypeVar("C", bound=Capability)
@@ -339,6 +351,13 @@ def secure_weighting_of(method: Method) -> str | None:
     their individual uploads, so it refuses secure aggregation)."""
     secure = capability(method, SecureAggregation)
     return None if secure is None else secure.secure_weighting
+
+
+def give_validation(method: Method, data: ImageSet | None) -> None:
+    """Hand the server's validation set to a :class:`ServerValidation` method."""
+    chooser = capability(method, ServerValidation)
+    if chooser is not None:
+        chooser.use_validation(data)
 
 
 def release_for_sites(method: Method, state: Any) -> Any:

@@ -12,6 +12,7 @@ names them the same way (``adam``, ``adamw``, ``cosine`` …).
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,12 +28,19 @@ __all__ = ["FitConfig", "fit"]
 
 #: ``loss_fn(model, *batch) -> scalar loss`` for one batch of the aligned tensors.
 BatchLoss = Callable[..., torch.Tensor]
+#: ``score(model) -> value`` after an epoch (higher is better): selection by validation.
+EpochScore = Callable[[nn.Module], float]
+#: Which epoch's weights :func:`fit` leaves in the model without a ``score``.
+KEEPS = ("last", "lowest_loss")
 
 
 @dataclass(frozen=True)
 class FitConfig:
     """One training recipe: ``epochs`` passes over the tensors in shuffled
-    batches of ``batch_size`` with ``optimizer`` at ``lr`` (schedule per step)."""
+    batches of ``batch_size`` with ``optimizer`` at ``lr`` (schedule per step).
+    ``keep``: the weights left at the end, the ``last`` epoch's or those of
+    the epoch with the ``lowest_loss`` (mean training loss; FALCON's authors
+    keep their generator this way)."""
 
     #: passes over the training tensors
     epochs: int = 60
@@ -48,8 +56,12 @@ class FitConfig:
     schedule: str = "constant"
     #: clip the gradient norm to this value (null: no clipping)
     grad_clip: float | None = None
+    #: the weights left at the end: the last epoch's, or the lowest_loss epoch's
+    keep: str = "last"
 
     def __post_init__(self) -> None:
+        if self.keep not in KEEPS:
+            raise ConfigError(f"keep must be one of {', '.join(KEEPS)}; got {self.keep!r}")
         if self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
         if self.batch_size < 1:
@@ -76,12 +88,15 @@ def fit(
     device: torch.device | str = "cpu",
     progress: Progress | None = None,
     description: str = "training",
+    score: EpochScore | None = None,
 ) -> list[float]:
     """Train ``model`` in place; returns the mean loss of every epoch.
 
     ``tensors`` are aligned along dim 0 and moved to ``device`` once;
     ``generator`` (a CPU generator) fixes the batch order, so a run is
-    reproducible. The model is left in eval mode.
+    reproducible. The model is left in eval mode with the weights of the
+    epoch ``cfg.keep`` names, or with ``score`` (called in eval mode after
+    every epoch) those of the first epoch with the highest score.
     """
     n = int(tensors[0].shape[0])
     if n == 0:
@@ -99,6 +114,7 @@ def fit(
     per_epoch = math.ceil(n / cfg.batch_size)
     schedule = build_schedule(optimizer, ocfg, cfg.epochs * per_epoch)
     losses: list[float] = []
+    best = _BestEpoch()
     task = (progress or Progress()).task(description, cfg.epochs)
     # dropout draws from the global RNG: seed it from ``generator`` inside a fork
     forked = [device] if device.type == "cuda" else []
@@ -119,6 +135,40 @@ def fit(
                 schedule.step()
                 total += loss.detach() * len(idx)
             losses.append(float(total) / n)
+            best.offer(model, _epoch_value(model, losses[-1], cfg.keep, score))
             task.advance()
+    best.restore(model)
     model.eval()
     return losses
+
+
+def _epoch_value(
+    model: nn.Module, loss: float, keep: str, score: EpochScore | None
+) -> float | None:
+    """The value an epoch is kept by (higher is better), ``None`` for ``last``."""
+    if score is not None:
+        model.eval()
+        with torch.no_grad():
+            value = float(score(model))
+        model.train()
+        return value
+    return -loss if keep == "lowest_loss" else None
+
+
+class _BestEpoch:
+    """The weights of the best epoch so far (the first of equals)."""
+
+    def __init__(self) -> None:
+        self.value: float | None = None
+        self.state: dict[str, torch.Tensor] | None = None
+
+    def offer(self, model: nn.Module, value: float | None) -> None:
+        if value is None or not math.isfinite(value):
+            return
+        if self.value is None or value > self.value:
+            self.value = value
+            self.state = copy.deepcopy(model.state_dict())
+
+    def restore(self, model: nn.Module) -> None:
+        if self.state is not None:
+            model.load_state_dict(self.state)

@@ -1,7 +1,7 @@
 """FedCGS: a closed-form Gaussian (LDA) head from federated feature statistics.
 
-Guan, Zhou & Gu, "FedCGS: Leverage Feature Compression for Conditional
-Gaussian Sampling in One-shot Federated Learning" (2025; code
+Guan, Zhou & Gu, "Capture Global Feature Statistics for One-Shot Federated
+Learning" (AAAI 2025, the method FedCGS; code
 github.com/Yuqin-G/FedCGS, ``main_fedcgs.py`` / ``utils_fl.eval_lda``), a
 FALCON baseline (Liu et al., 2025, Table 2). Each client runs the frozen
 encoder (:mod:`osfl.methods.frozen`) over its images and uploads, in

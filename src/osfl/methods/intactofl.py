@@ -128,11 +128,18 @@ class Gate(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scores = self.net(x.flatten(1)).float()
-        if self.top_k < self.experts:
-            keep = torch.zeros_like(scores, dtype=torch.bool)
-            keep.scatter_(1, scores.topk(self.top_k, dim=1).indices, True)
-            scores = scores.masked_fill(~keep, float("-inf"))
-        return torch.softmax(scores, dim=1)
+        if self.top_k >= self.experts:
+            return torch.softmax(scores, dim=1)
+        keep = torch.zeros_like(scores, dtype=torch.bool)
+        keep.scatter_(1, scores.topk(self.top_k, dim=1).indices, True)
+        gates = torch.softmax(scores.masked_fill(~keep, float("-inf")), dim=1)
+        if self.top_k == 1:
+            # a softmax over one kept score is the constant 1: no gradient would reach
+            # the gate. Straight-through: the forward stays one-hot (exactly: d - d = 0),
+            # the backward is the dense softmax's.
+            dense = torch.softmax(scores, dim=1)
+            gates = gates + (dense - dense.detach())
+        return gates
 
 
 def mix(member_logits: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:

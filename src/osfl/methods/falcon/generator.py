@@ -237,8 +237,12 @@ class _MAR(Layout):
         self, g: SequenceGenerator, y: torch.Tensor, generator: torch.Generator
     ) -> torch.Tensor:
         v = g.length
-        h = g.hidden(self.inputs(g, y, None))
-        s0 = _draw(g, h[:, 0], generator).unsqueeze(1)  # step 1: the global token
+        # step 1: the global token. The class position attends only to itself
+        # (the mask's first row), so its output needs the class token alone: one
+        # position through the blocks, as the authors' generate_full_proxy does,
+        # not the whole sequence
+        h = g.hidden(g.class_embed(y).unsqueeze(1))
+        s0 = _draw(g, h[:, 0], generator).unsqueeze(1)
         if v == 1:
             return s0
         h = g.hidden(self.inputs(g, y, s0))  # step 2: regions given that same s0
@@ -391,10 +395,15 @@ class SequenceGenerator(nn.Module):
 
     # --- forward -----------------------------------------------------------
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
-        """(B, T, width) inputs -> (B, T, width) outputs under the layout's mask."""
-        x = x + self.pos
+        """(B, T, width) inputs -> (B, T, width) outputs under the layout's mask.
+        ``T`` may be shorter than the layout's length: the first ``T`` positions,
+        which is exact where none of them attends to a later one (the M-AR
+        class token)."""
+        t = x.shape[1]
+        x = x + self.pos[:t]
+        mask = self.attn_mask[:t, :t]
         for blk in self.blocks:
-            x = blk(x, self.attn_mask)
+            x = blk(x, mask)
         return self.norm(x)
 
     def params(

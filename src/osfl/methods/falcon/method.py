@@ -32,7 +32,7 @@ import dataclasses
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any, ClassVar
 
@@ -48,6 +48,7 @@ from osfl.fl.method import (
     Predictor,
     Reporting,
     Screening,
+    ServerValidation,
     SiteEvaluation,
     register_method,
 )
@@ -75,19 +76,33 @@ from osfl.methods.frozen.base import (
     part_bytes,
 )
 from osfl.methods.frozen.encoder import EncoderConfig
-from osfl.methods.frozen.tokens import cached_module, token_key_parts
+from osfl.methods.frozen.tokens import cached_module, encode_images, token_key_parts
 from osfl.methods.frozen.views import HSEConfig, ViewSet
 
 
 def _generator_fit() -> FitConfig:
     """Paper §3.1: AdamW, lr 1e-4, weight decay 1e-4, batch 256, 400 epochs;
-    gradient clipping at 2.0 as in the authors' code (NLL stability)."""
+    as in the authors' code (``s2_g.py``), gradient clipping at 2.0 (NLL
+    stability) and the epoch with the lowest mean loss kept."""
     return FitConfig(
-        epochs=400, batch_size=256, optimizer="adamw", lr=1e-4, weight_decay=1e-4, grad_clip=2.0
+        epochs=400,
+        batch_size=256,
+        optimizer="adamw",
+        lr=1e-4,
+        weight_decay=1e-4,
+        grad_clip=2.0,
+        keep="lowest_loss",
     )
 
 
 log = logging.getLogger(__name__)
+
+#: How the server picks its student's weights (``FALCONConfig.student_selection``).
+SELECTIONS = ("last", "validation")
+NEEDS_VALIDATION = (
+    "method.falcon.student_selection=validation needs a validation set: "
+    "set data.validation_fraction (e.g. 0.1)"
+)
 
 
 def _classifier_fit() -> FitConfig:
@@ -102,7 +117,12 @@ class FALCONConfig:
     ``upload``: ``auto`` (the smaller of sequences and generator, §3.6),
     ``sequences`` or ``generator`` (forced). ``synthetic_ratio``: synthetic
     sequences per class = ratio × the client's real count of that class
-    (at least one for a class it holds; none for a class it lacks).
+    (at least one for a class it holds; none for a class it lacks); 1.5 as
+    the authors' ``s2.5_sample.py`` draws (the paper does not say).
+    ``student_selection``: the server student's weights after its ``last``
+    epoch, or after the epoch most accurate on the run's ``validation`` set
+    (``data.validation_fraction`` > 0), as the authors' ``s3_global_training.py``
+    keeps the best student on validation features.
     """
 
     #: encode region views too (hierarchical sequences); false: the global token only
@@ -131,9 +151,11 @@ class FALCONConfig:
     #: distillation temperature
     temperature: float = 4.0
     #: synthetic sequences per class, as a multiple of the client's real count of that class
-    synthetic_ratio: float = 1.0
+    synthetic_ratio: float = 1.5
     #: what a client sends: auto (the smaller of the two), sequences or generator
     upload: str = "auto"
+    #: the server student kept: after its last epoch, or its most accurate epoch on validation
+    student_selection: str = "last"
 
     def __post_init__(self) -> None:
         LAYOUTS.get(self.generator)  # unknown variant -> ConfigError listing the valid ones
@@ -143,6 +165,11 @@ class FALCONConfig:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
         if self.synthetic_ratio <= 0:
             raise ConfigError(f"synthetic_ratio must be > 0, got {self.synthetic_ratio}")
+        if self.student_selection not in SELECTIONS:
+            raise ConfigError(
+                f"student_selection must be one of {', '.join(SELECTIONS)}; "
+                f"got {self.student_selection!r}"
+            )
         if self.upload not in ("auto", *FORMS):
             raise ConfigError(
                 f"upload must be one of auto, {', '.join(FORMS)}; got {self.upload!r}"
@@ -182,9 +209,10 @@ def teacher_probs(
 
 
 @register_method("falcon")
-class FALCON(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting):
+class FALCON(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting, ServerValidation):
     """Server state: ``{"encoder", "student", "clients": {id: {form, bytes,
     num_samples, synthetic}}, "gflops_per_sample", "phases"}``."""
+
     card: ClassVar[MethodCard] = dataclasses.replace(
         FrozenEncoderMethod.card,
         summary=(
@@ -214,6 +242,12 @@ class FALCON(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting):
     def __init__(self, config: FALCONConfig, run: Any):
         super().__init__(config, run)
         self._shapes: dict[str, Any] = {}
+        self._validation: ImageSet | None = None
+
+    def use_validation(self, data: ImageSet | None) -> None:
+        if self.config.student_selection == "validation" and data is None:
+            raise ConfigError(NEEDS_VALIDATION)
+        self._validation = data
 
     # --- views and shapes -----------------------------------------------
     def view_sets(self) -> list[ViewSet]:
@@ -488,6 +522,7 @@ class FALCON(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting):
             device=device,
             progress=self.run.progress,
             description="falcon: server student",
+            score=self.validation_score() if cfg.student_selection == "validation" else None,
         )
         seconds["student"] = time.perf_counter() - t
         return {
@@ -497,6 +532,33 @@ class FALCON(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting):
             "gflops_per_sample": self.generation_gflops(),
             "phases": {"seconds": {k: _rounded(v) for k, v in seconds.items()}},
         }
+
+    def validation_score(self) -> Callable[[nn.Module], float]:
+        """A student's accuracy on the validation set's sequences (encoded
+        once here, by the server, which holds the encoder and the set)."""
+        data = self._validation
+        if data is None:
+            raise ConfigError(NEEDS_VALIDATION)
+        tokens = encode_images(
+            self.encoder(),
+            data.images,
+            self.run.eval_transform,
+            self.view_sets(),
+            batch_size=256,
+            device=self.run.device,
+            progress=self.run.progress,
+            description="falcon: validation sequences",
+        ).to(self.run.device)
+        labels = data.labels.to(self.run.device)
+
+        def accuracy(student: nn.Module) -> float:
+            hits = sum(
+                int((student(tokens[i : i + 1024]).argmax(-1) == labels[i : i + 1024]).sum())
+                for i in range(0, len(labels), 1024)
+            )
+            return hits / max(len(labels), 1)
+
+        return accuracy
 
     def synthetic_of(self, client: int, up: Upload) -> tuple[torch.Tensor, torch.Tensor]:
         """A client's synthetic sequences and labels: those it sent, plus

@@ -236,7 +236,8 @@ def fisher_gaussians(setup: LearnedSetup, shrinkage: float) -> dict[str, torch.T
     w = torch.linalg.solve(cov + JITTER * torch.eye(k, dtype=cov.dtype), mean.T)  # (k, P)
     b = -0.5 * (mean * w.T).sum(1) + setup.log_prior
     sigma2 = max(float(cov.diagonal().sum()) / k, 1e-12)
-    return {"mean": mean, "lda_weight": w, "lda_bias": b, "sigma2": torch.tensor(sigma2)}
+    sigma2_t = torch.tensor(sigma2, dtype=torch.float64)  # float64 like the rest
+    return {"mean": mean, "lda_weight": w, "lda_bias": b, "sigma2": sigma2_t}
 
 
 def nb_fisher_logits(

@@ -16,7 +16,8 @@ the *offset* ``s_j = E[p_j O | y ≠ j]`` of a sample on another class. LLG
 estimates both from dummy data (LLG*); **LLG+** — the variant the RLU paper
 compares with — estimates them on the server's auxiliary set with the
 global model, which is what we do. Recovery is LLG's two-stage greedy:
-every class with ``g_j < 0`` gets one label, then labels go one at a time
+every class with ``g_j < 0`` gets one label (the most negative ``r_j`` first
+when there are more such classes than labels), then labels go one at a time
 to the class with the most negative residual ``r_j = g_j − total·s_j −
 (labels given to j)·(m − s_j)`` until ``m·|B|`` labels are assigned.
 
@@ -65,7 +66,9 @@ def llg_counts(g: np.ndarray, impact: float, offset: np.ndarray, total: int) -> 
     counts = np.zeros(K, dtype=np.int64)
     per_label = impact - offset  # change of r_j per label of class j (< 0 when LLG's premise holds)
     r = g - total * offset
-    for j in np.flatnonzero(g < 0)[:total]:
+    neg = np.flatnonzero(g < 0)
+    # more negative classes than labels: the most negative residuals first (the authors' code)
+    for j in neg[np.argsort(r[neg], kind="stable")][:total]:
         counts[j] += 1
         r[j] -= per_label[j]
     while counts.sum() < total:
