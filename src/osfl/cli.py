@@ -448,18 +448,24 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- main
+VERBOSE_HELP = (
+    "more log output: -v shows each client's training and each method's result "
+    "(INFO), -vv debug messages; the run directory's run.log always has INFO"
+)
+
+
+def _verbose_here(sub: argparse.ArgumentParser) -> None:
+    """``-v`` after the command too (``osfl run -v``); counted with any before it."""
+    sub.add_argument(
+        "-v", "--verbose", dest="verbose_after", action="count", default=0, help=VERBOSE_HELP
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="osfl", description="Federated learning of image classifiers."
     )
-    parser.add_argument(
-        "-v",
-        "--verbose",
-        action="count",
-        default=0,
-        help="more log output: -v shows each client's training and each method's result "
-        "(INFO), -vv debug messages; the run directory's run.log always has INFO",
-    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
     parser.add_argument("--version", action="version", version=f"osfl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -488,6 +494,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="finish an interrupted run in DIR: same config, only its missing records run",
     )
+    _verbose_here(run)
     run.set_defaults(func=cmd_run)
 
     part = sub.add_parser("partition", help="split a dataset among clients and save the federation")
@@ -508,6 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
     part.add_argument("--seed", type=int, default=0)
     part.add_argument("--out", required=True, help="output JSON file")
     part.add_argument("--plot", help="also write the class-count heat map to this PNG")
+    _verbose_here(part)
     part.set_defaults(func=cmd_partition)
 
     lst = sub.add_parser("list", help="list datasets, partition schemes, models, methods, attacks")
@@ -516,6 +524,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="one method: what it does, its paper, and every option with its default",
     )
+    _verbose_here(lst)
     lst.set_defaults(func=cmd_list)
 
     tab = sub.add_parser(
@@ -529,6 +538,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="take records without a split key (older runs) on trust",
     )
+    _verbose_here(tab)
     tab.set_defaults(func=cmd_table)
 
     aud = sub.add_parser("audit", help="score privacy attacks on a run's recorded observations")
@@ -553,6 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="an attack option, e.g. rlu.num_samples=1000 (repeatable)",
     )
     aud.add_argument("--device", default="cpu", help="device the attacks run on (default cpu)")
+    _verbose_here(aud)
     aud.set_defaults(func=cmd_audit)
 
     pre = sub.add_parser(
@@ -580,6 +591,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pre.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     pre.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _verbose_here(pre)
     pre.set_defaults(func=cmd_pretrain)
 
     flower = sub.add_parser("flower", help="tools for Flower deployments (docs/flower.md)")
@@ -593,6 +605,7 @@ def build_parser() -> argparse.ArgumentParser:
     from osfl.flower.app import certs as certs_tool
 
     certs_tool.add_arguments(certs)
+    _verbose_here(certs)
     certs.set_defaults(func=certs_tool.run)
     frun = fsub.add_parser(
         "run",
@@ -603,12 +616,14 @@ def build_parser() -> argparse.ArgumentParser:
     frun.add_argument("app", help="the osfl app directory (python -m osfl.flower.app DIR)")
     frun.add_argument("superlink", help="the SuperLink connection (a name in flwr's config.toml)")
     frun.add_argument("flwr_args", nargs=argparse.REMAINDER, help="more `flwr run` options")
+    _verbose_here(frun)
     frun.set_defaults(func=cmd_flower_run)
     status = fsub.add_parser(
         "status",
         help="exit 0 when RUN_DIR holds a finished run, 1 when it failed or stopped",
     )
     status.add_argument("run_dir", metavar="RUN_DIR", help="a run directory the ServerApp wrote")
+    _verbose_here(status)
     status.set_defaults(func=cmd_flower_status)
     return parser
 
@@ -666,7 +681,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.items = [*args.items, *extra]
     global _CONSOLE
     _CONSOLE = _make_console()
-    _setup_logging(args.verbose, _CONSOLE)
+    _setup_logging(args.verbose + getattr(args, "verbose_after", 0), _CONSOLE)
     try:
         return int(args.func(args))
     except (OsflError, OSError) as e:  # OSError: a path the user gave cannot be read/written

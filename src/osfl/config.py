@@ -309,7 +309,7 @@ def _read_yaml(path: str | Path | None) -> tuple[DictConfig, str]:
         return _yaml_text(default_config_text(), "embedded default.yaml")
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
+        raise ConfigError(f"config file not found: {p}{_not_found_hint(p)}")
     try:
         node = OmegaConf.load(p)
     except Exception as e:  # yaml.YAMLError and friends
@@ -317,6 +317,19 @@ def _read_yaml(path: str | Path | None) -> tuple[DictConfig, str]:
     if not isinstance(node, DictConfig):
         raise ConfigError(f"{p} must hold a mapping of config keys at its top level")
     return node, str(p)
+
+
+def _not_found_hint(p: Path) -> str:
+    """Where a relative config path was looked for, and the way out for the
+    repository's ``configs/`` read from another directory."""
+    hint = "" if p.is_absolute() else f" (relative to {Path.cwd()})"
+    if p.name == "default.yaml":
+        return hint + (
+            "; a bare `osfl run` (no config file) runs the packaged default, configs/default.yaml"
+        )
+    if p.parts and p.parts[0] == "configs":
+        return hint + "; configs/ is in the osfl checkout: run from its root or give the full path"
+    return hint
 
 
 def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
