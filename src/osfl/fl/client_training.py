@@ -29,6 +29,7 @@ from osfl.fl.training import (
     init_model,
     replay_step_labels,
     report_training_warnings,
+    stats_health,
     train_local,
 )
 
@@ -121,7 +122,7 @@ def train_client(
         log.info("client %d: trained weights from the cache (%s)", ctx.client_id, key[:12])
         _replay_step_labels(cache.aux(key))
         stats = (cache.meta(key) or {}).get("stats") or {}
-        report_training_warnings([str(w) for w in stats.get("warnings") or ()])
+        report_training_warnings(stats_health(stats))
         return model.eval()
     stats = fit(lambda step, x, y: step_labels.append(y.detach()))
     aux = _step_label_aux(step_labels)

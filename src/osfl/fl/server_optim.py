@@ -44,10 +44,15 @@ class ServerOptConfig:
     ``fedadam``); ``lr``: the server step ``η``; ``beta1``, ``beta2``, ``tau``:
     FedAdam's moment decays and adaptivity (unused by ``fedavg``)."""
 
+    #: the server's step: fedavg or fedadam
     optimizer: str = "fedavg"
+    #: the server's learning rate
     lr: float = 1.0
+    #: FedAdam's first-moment decay
     beta1: float = 0.9
+    #: FedAdam's second-moment decay
     beta2: float = 0.99
+    #: FedAdam's adaptivity
     tau: float = 1e-3
 
     def __post_init__(self) -> None:

@@ -127,9 +127,13 @@ class NoiseSpec:
     server needs no knowledge of the evaluation resolution.
     """
 
+    #: mean of the Gaussian noise images
     mean: float = 0.0
+    #: standard deviation of the noise images
     std: float = 1.0
+    #: noise images drawn (each client's noise feature is their mean)
     samples: int = 1
+    #: seed of the noise draw (null: derived from the run seed)
     seed: int | None = None
 
     def __post_init__(self) -> None:

@@ -27,10 +27,15 @@ class AggregatorLocalConfig(OptimConfig):
     batch 128 (``train_aggregator.sh``: ``--lr 1 --lowE 1 --highE 1 --bs 128
     --momentum 0.0``; FedAdam's local step ignores weight decay)."""
 
+    #: optimiser of a client's aggregator step
     optimizer: str = "sgd"
+    #: its learning rate
     lr: float = 1.0
+    #: its momentum
     momentum: float = 0.0
+    #: batch of held-out logits per step
     batch_size: int = 128
+    #: optimiser steps per client and round
     steps: int = 1
 
     def __post_init__(self) -> None:
@@ -57,12 +62,19 @@ class FENSConfig:
     aggregator into the next (FedAdam; ``server_opt.optimizer=fedavg`` with
     ``lr=1`` takes the combined one as it is)."""
 
+    #: share of each client's data its model never trains on; trains the aggregator
     holdout: float = 0.1
+    #: upload of the client models: int8 weights or none (float32)
     quantize: str = "int8"
+    #: FL rounds of the aggregator after the one-shot upload
     rounds: int = 500
+    #: aggregator hidden units per client model
     hidden_per_member: int = 2
+    #: share of the clients in each aggregator round
     client_fraction: float = 1.0
+    #: each client's training of the aggregator per round
     local: AggregatorLocalConfig = field(default_factory=AggregatorLocalConfig)
+    #: the server's step from the round's combined aggregator (FedAdam)
     server_opt: ServerOptConfig = field(
         default_factory=lambda: ServerOptConfig(
             optimizer="fedadam", lr=1e-3, beta1=0.9, beta2=0.99, tau=1e-3

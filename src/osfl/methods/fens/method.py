@@ -60,6 +60,13 @@ class FENS(Method, MultiRound, KeepsClientState, SharedTrainingStep):
 
     Config: ClassVar[type] = FENSConfig
     card: ClassVar[MethodCard] = MethodCard(
+        summary=(
+            "Clients send their models once (INT8), then train a small aggregator of the models' "
+            "outputs on held-out data over many FL rounds."
+        ),
+        paper=(
+            'Allouah et al., "Revisiting Ensembling in One-Shot Federated Learning", NeurIPS 2024'
+        ),
         one_shot=False,
         server_rule=True,  # the aggregator's FL rounds combine with server.aggregator
         smoke=(
