@@ -61,8 +61,8 @@ class FENS(Method, MultiRound, KeepsClientState, SharedTrainingStep):
     Config: ClassVar[type] = FENSConfig
     card: ClassVar[MethodCard] = MethodCard(
         summary=(
-            "Clients send their models once (INT8), then train a small aggregator of the models' "
-            "outputs on held-out data over many FL rounds."
+            "Clients send INT8 models once, then train an aggregator of their outputs on "
+            "held-out data in FL rounds."
         ),
         paper=(
             'Allouah et al., "Revisiting Ensembling in One-Shot Federated Learning", NeurIPS 2024'
