@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs" / "methods").glob("*.md"))
 
 #: Pages rewritten on another branch; flip these when that branch is merged.
-ELSEWHERE = {"fens.md", "eftvit.md"}
+ELSEWHERE = {"eftvit.md"}
 
 COMMIT = re.compile(r"\b[0-9a-f]{7,40}\b")
 
