@@ -166,6 +166,20 @@ def test_estimates_come_from_the_calibration_and_the_budget_holds(tmp_path: Path
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert [s["status"] for s in plan["steps"]][:3] == ["done", "done", "skipped"]
 
+    # a second call into the same directory goes on: nothing calibrated again,
+    # the finished steps kept with their rows, the skipped one run now
+    seen.clear()
+    again = run_suite(req, command, clock=lambda: now[0], log=lambda s: None)
+    assert [a[a.index("--out") + 1].split("/")[-2:] for a in seen] == [
+        ["runs", "three"],
+        ["runs", "bad"],
+    ]
+    assert [p.status for p in again.planned][:3] == ["done", "done", "done"]
+    assert [r["step"] for r in again.rows] == ["one", "two", "three"]
+    dry = SuiteRequest(out=tmp_path, budget_min=4.0, steps=steps, dry_run=True)
+    with pytest.raises(ConfigError, match="another --out"):
+        run_suite(dry, command, clock=lambda: now[0], log=lambda s: None)
+
 
 def test_an_unknown_section_is_refused() -> None:
     with pytest.raises(ConfigError, match="valid: pretrain"):

@@ -17,6 +17,11 @@ its error and the suite goes on. Written under the suite's directory:
   mid-suite leaves the rows of what finished. The rows are for a person to
   move into REPRODUCTION.md, under the section's ``gpu`` heading, never next
   to the cpu rows; a dry run's rows say ``dry-run`` as their scale.
+
+A second call into the same directory goes on from the first (a lent
+machine runs one command for at most 10 minutes: ``osfl suite run --budget 9``
+again and again): finished steps and their rows are kept, calibrations
+reused, and what a killed call left of an unfinished step is removed.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import statistics
 import time
 import traceback
@@ -110,6 +116,33 @@ class _Suite:
         self.planned = [Planned(s) for s in steps]
         self.by_name = {p.step.name: p for p in self.planned}
         self.rows: list[dict[str, Any]] = []
+        self.resume()
+
+    def resume(self) -> None:
+        """Go on from an earlier call into the same directory (a lent machine
+        runs one command for at most 10 minutes): its finished steps and their
+        rows are kept, its calibrations reused."""
+        plan, rows = self.req.out / "plan.json", self.req.out / "rows.json"
+        if not plan.is_file():
+            return
+        doc = json.loads(plan.read_text())
+        if doc.get("dry_run") != self.req.dry_run:
+            raise ConfigError(
+                f"{self.req.out} holds a {'dry' if doc.get('dry_run') else 'real'} suite; "
+                "give another --out"
+            )
+        for old in doc["steps"]:
+            p = self.by_name.get(old["step"]["name"])
+            if p is None:
+                continue
+            p.calibration_s, p.estimate_s = old["calibration_s"], old["estimate_s"]
+            if old["status"] == "done":
+                p.status, p.seconds, p.out = "done", old["seconds"], old["out"]
+        done = {p.step.name for p in self.planned if p.status == "done"}
+        if rows.is_file():
+            self.rows = [r for r in json.loads(rows.read_text()) if r["step"] in done]
+        if done or any(p.calibration_s is not None for p in self.planned):
+            self.log(f"going on from {plan}: {len(done)} step(s) done")
 
     def left(self) -> float:
         return self.budget_s - (self.clock() - self.start)
@@ -140,6 +173,8 @@ class _Suite:
     def calibrate(self) -> float:
         t0 = self.clock()
         for p in self.planned:
+            if p.status == "done" or p.calibration_s is not None:
+                continue  # calibrated by an earlier call
             bad = [n for n in p.step.needs if self.by_name.get(n) is None
                    or self.by_name[n].calibration_s is None]  # fmt: skip
             if bad:
@@ -149,6 +184,7 @@ class _Suite:
                 p.status, p.reason = "skipped", "the budget ran out while calibrating"
                 continue
             argv = self.command(p.step, "calibration")
+            _fresh(self.req.out / "calibration" / p.step.name)
             self.log(f"calibrating {p.step.name}: osfl {shlex.join(argv)}")
             ok, seconds, why = self.execute(argv)
             if not ok:
@@ -172,6 +208,7 @@ class _Suite:
             else:
                 argv = self.command(p.step, "runs")
                 p.out = str(self.req.out / "runs" / p.step.name)
+                _fresh(Path(p.out))  # what a killed call left of this step is not reused
                 self.log(f"running {p.step.name} (estimate {p.estimate_s:.0f} s): "
                          f"osfl {shlex.join(argv)}")  # fmt: skip
                 ok, p.seconds, why = self.execute(argv)
@@ -191,6 +228,11 @@ class _Suite:
         _atomic(out / "plan.json", json.dumps(doc, indent=2) + "\n")
         _atomic(out / "rows.json", json.dumps(self.rows, indent=2) + "\n")
         _atomic(out / "reproduction_gpu.md", rows_markdown(self.rows, self.planned))
+
+
+def _fresh(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)
 
 
 def _atomic(path: Path, text: str) -> None:

@@ -400,7 +400,7 @@ def make_plan(planned: Sequence[Planned], budget_s: float) -> list[Planned]:
     (a later, cheaper step may still fit where an earlier one did not). A
     step whose ``needs`` are not planned is skipped too."""
     left = budget_s
-    chosen: set[str] = set()
+    chosen = {p.step.name for p in planned if p.status == "done"}
     for p in planned:
         if p.status != "pending":
             continue
