@@ -181,9 +181,11 @@ def test_estimates_come_from_the_calibration_and_the_budget_holds(tmp_path: Path
         run_suite(dry, command, clock=lambda: now[0], log=lambda s: None)
 
 
-def test_an_unknown_section_is_refused() -> None:
+def test_sections_bring_the_steps_they_need() -> None:
     with pytest.raises(ConfigError, match="valid: pretrain"):
         select_steps(["nope"])
+    assert [s.name for s in select_steps(["eftvit"])] == ["pretrain_vits16", "eftvit_t1_b0.1"]
+    assert [s.section for s in select_steps([])] == [s.section for s in STEPS]
 
 
 # --------------------------------------------------------------------------- catalogue

@@ -366,14 +366,16 @@ SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(s.section for s in STEPS))
 
 
 def select_steps(sections: Sequence[str], steps: Sequence[Step] = STEPS) -> list[Step]:
-    """The catalogue's steps of ``sections`` (every section when empty), in
-    the catalogue's order of value."""
+    """The catalogue's steps of ``sections`` (every section when empty) and
+    the steps they need (the encoder), in the catalogue's order of value."""
     unknown = sorted(set(sections) - {s.section for s in steps})
     if unknown:
         raise ConfigError(
             f"unknown suite section(s) {', '.join(unknown)}; valid: {', '.join(SECTIONS)}"
         )
-    return [s for s in steps if not sections or s.section in sections]
+    chosen = {s.name for s in steps if not sections or s.section in sections}
+    chosen |= {n for s in steps if s.name in chosen for n in s.needs}
+    return [s for s in steps if s.name in chosen]
 
 
 @dataclass
