@@ -16,7 +16,9 @@ block after it with what it prints.
 Numbers that depend on the machine's load, not on the code, are masked before
 comparing: wall times, the ``time (s)`` column of tables, run-directory
 paths. Every line of the documented block must appear (in order) in the fresh
-output, so a doc may show an excerpt of a longer table. Accuracies on CPU
+output, so a doc may show an excerpt of a longer table; a warning line in the
+fresh output that the block does not show is a difference too (a documented
+run must not start warning unnoticed). Accuracies on CPU
 depend on the kernel path torch dispatches to
 (``torch.backends.cpu.get_cpu_capability()``); ``--update`` records it next to
 the marker, and a check on another kernel path says so instead of calling
@@ -167,6 +169,16 @@ def missing_lines(documented: str, fresh: str) -> list[str]:
     return missing
 
 
+_WARNING = re.compile(r"^(warning|WARNING)\b")
+
+
+def unexpected_warnings(documented: str, fresh: str) -> list[str]:
+    """Warning lines of the fresh output (``warning ...``, ``WARNING ...``) that
+    the documented block does not show."""
+    shown = set(mask(documented))
+    return [line for line in mask(fresh) if _WARNING.match(line) and line not in shown]
+
+
 def update(block: Block, fresh: str) -> None:
     lines = block.path.read_text().splitlines()
     marker = f"<!-- doccheck: {block.command}"
@@ -203,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             documented = "\n".join(path.read_text().splitlines()[block.start : block.end])
             missing = missing_lines(documented, fresh)
-            if not missing:
+            extra = unexpected_warnings(documented, fresh)
+            if not missing and not extra:
                 print("  ok")
                 continue
             recorded = (block.info or "").removeprefix("recorded on ")
@@ -211,9 +224,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  differs, but the docs were recorded on {recorded} and this is {here}")
                 continue
             failures += 1
-            print("  DIFFERS; documented lines not in the fresh output:")
-            for line in missing:
-                print(f"    {line}")
+            if missing:
+                print("  DIFFERS; documented lines not in the fresh output:")
+                for line in missing:
+                    print(f"    {line}")
+            if extra:
+                print("  DIFFERS; warnings the docs do not show:")
+                for line in extra:
+                    print(f"    {line}")
     return 1 if failures else 0
 
 

@@ -131,7 +131,8 @@ def test_method_config_validation():
     assert method_config(FedProx, {}).mu == FedProx.Config().mu
     with pytest.raises(
         ConfigError,
-        match=r"unknown option 'round' for method 'fedavg'; valid: client_fraction, rounds, weighting",
+        match=r"unknown option 'round' \(did you mean 'rounds'\?\) for method 'fedavg'; "
+        r"valid: client_fraction, rounds, weighting",
     ):
         method_config(FedAvg, {"round": 3})
     with pytest.raises(ConfigError, match=r"method\.ensemble: unknown client weighting"):

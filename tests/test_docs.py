@@ -55,6 +55,16 @@ def test_a_documented_excerpt_must_appear_in_order() -> None:
     assert check.missing_lines("markdown | line | 1 |\n", TABLE) == ["markdown | line | 1 |"]
 
 
+def test_a_warning_the_docs_do_not_show_is_a_difference() -> None:
+    check = _checker()
+    warned = TABLE + "warning fedavg: client 0 (round 0): did not fit its own data\n"
+    assert check.missing_lines(TABLE, warned) == []  # an excerpt...
+    assert check.unexpected_warnings(TABLE, warned) == [  # ...but no new warning
+        "warning fedavg: client 0 (round 0): did not fit its own data"
+    ]
+    assert check.unexpected_warnings(warned, warned) == []  # a documented warning is fine
+
+
 def test_every_marker_is_followed_by_an_output_block() -> None:
     check = _checker()
     found = [b for f in [ROOT / "README.md", *ROOT.glob("docs/**/*.md")] for b in check.blocks(f)]

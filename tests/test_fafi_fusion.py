@@ -16,6 +16,7 @@ from osfl.methods.fafi.fusion import (
     fuse,
     global_prototypes,
     iffi_weights,
+    median_prototypes,
 )
 
 
@@ -143,8 +144,6 @@ def test_bad_construction_is_refused() -> None:
 def test_median_fusion_resists_one_hostile_extractor() -> None:
     """Three honest extractors and one boosted, sign-flipped one: the mean is
     dragged to the wrong class, the coordinate-wise median is not."""
-    from osfl.methods.fafi.fusion import median_prototypes
-
     honest = [_linear([[1.0, 0.0], [0.0, 1.0]]), _linear([[1.1, 0.0], [0.0, 0.9]])]
     honest.append(_linear([[0.9, 0.1], [0.0, 1.0]]))
     hostile = _linear([[-100.0, 0.0], [0.0, 100.0]])
@@ -159,11 +158,41 @@ def test_median_fusion_resists_one_hostile_extractor() -> None:
 
 
 def test_median_prototypes_skip_classes_a_client_lacks() -> None:
-    from osfl.methods.fafi.fusion import median_prototypes
-
     a = torch.tensor([[1.0, 2.0], [0.0, 0.0]])  # client a holds class 0 only
     b = torch.tensor([[3.0, 4.0], [5.0, 6.0]])
     c = torch.tensor([[2.0, 0.0], [0.0, 0.0]])
     p = median_prototypes([a, b, c])
     assert torch.equal(p, torch.tensor([[2.0, 2.0], [5.0, 6.0]]))
     assert torch.equal(median_prototypes([torch.zeros(1, 2)] * 2), torch.zeros(1, 2))
+
+
+def test_median_prototypes_resist_an_attacker_only_where_three_clients_hold_the_class(
+    caplog,
+) -> None:
+    """An attacker that sends a boosted, flipped row for every class. Class 0
+    has two honest holders (three rows with the attacker's): the median stays
+    among the honest rows. Class 1 has one honest holder (two rows): a median
+    of two is their mean, so the row is the holders' mean, flipped, and the
+    warning names that class alone; the code's claim is only for the first."""
+    from osfl.methods.fafi.fusion import MEDIAN_MIN_HOLDERS
+
+    assert MEDIAN_MIN_HOLDERS == 3
+    honest_a = torch.tensor([[1.0, 0.2], [0.0, 0.0]])
+    honest_b = torch.tensor([[0.8, 0.1], [0.3, 1.0]])
+    attacker = torch.tensor([[-10.0, -2.0], [-3.0, -10.0]])
+    with caplog.at_level("WARNING", logger="osfl.methods.fafi.fusion"):
+        p = median_prototypes([honest_a, torch.zeros(2, 2), honest_b, attacker])
+    assert torch.equal(p[0], torch.tensor([0.8, 0.1]))  # the middle of three rows
+    torch.testing.assert_close(p[1], (honest_b[1] + attacker[1]) / 2)
+    assert float(torch.nn.functional.cosine_similarity(p[1], honest_b[1], dim=0)) < -0.99
+    assert "classes [1] have fewer than 3 holders" in caplog.text
+
+
+def test_median_prototypes_of_three_or_more_holders_are_medians_without_a_warning(
+    caplog,
+) -> None:
+    rows = [torch.tensor([[float(v), 1.0]]) for v in (1, 2, 9)]
+    with caplog.at_level("WARNING", logger="osfl.methods.fafi.fusion"):
+        assert torch.equal(median_prototypes(rows), torch.tensor([[2.0, 1.0]]))
+        assert torch.equal(median_prototypes(rows[:2]), torch.tensor([[1.5, 1.0]]))
+    assert caplog.text.count("fewer than 3 holders") == 1

@@ -232,7 +232,15 @@ def test_certs_command_writes_files_and_prints_the_flags(
         "10.0.0.5",
         "127.0.0.1",
     ]
-    assert "flower-supernode --superlink 10.0.0.5:8000 --root-certificates" in printed
+    assert "flower-supernode --superlink 10.0.0.5:9093 --root-certificates" in printed
+    # as printed, the commands run offline on one machine: no dependency installation,
+    # a port per SuperNode, a flwr home of their own, a connection the run uses
+    link = next(line for line in printed.splitlines() if line.startswith("flower-superlink "))
+    assert "--disable-runtime-dependency-installation --port 9093 &" in link
+    nodes = [line for line in printed.splitlines() if line.startswith("flower-supernode ")]
+    assert [n.split("--port ")[1].split()[0] for n in nodes] == ["9100", "9101"]
+    assert f"export FLWR_HOME={out / 'flwr-home'}" in printed
+    assert printed.rstrip().endswith("flwr run ./osfl-app osfl-tls --stream")
     # existing files: a clear error and exit status 2, nothing replaced
     key = (out / "server.key").read_bytes()
     assert certs.main([str(out)]) == 2

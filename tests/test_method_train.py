@@ -148,7 +148,10 @@ def test_an_old_key_is_refused_naming_the_new_one(override, new_key, capsys, tmp
 @pytest.mark.parametrize(
     "override, needle",
     [
-        ("method_train.fedavg.lrr=0.1", "unknown option 'lrr' in method_train.fedavg"),
+        (
+            "method_train.fedavg.lrr=0.1",
+            r"unknown option 'lrr' \(did you mean 'lr'\?\) in method_train",
+        ),
         ("method_train.nosuch.lr=0.1", "nosuch"),
         ("method_train.fedavg.lr=fast", "method_train.fedavg"),
     ],

@@ -39,6 +39,7 @@ def events(out: Path) -> list[dict]:
 
 
 def exit_2(capsys, argv: list[str]) -> str:
+    capsys.readouterr()  # what earlier runs in the test logged
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
@@ -54,6 +55,39 @@ def test_existing_run_is_refused_untouched(tmp_path, capsys) -> None:
     line = exit_2(capsys, ["run", *tiny(tmp_path), "--out", str(out)])
     assert "already holds an osfl run" in line and "--resume" in line and "--overwrite" in line
     assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_a_finished_run_directory_holds_what_the_docs_list_and_no_empty_state(tmp_path) -> None:
+    out = tmp_path / "run"
+    assert main(["run", *tiny(tmp_path), "--out", str(out)]) == 0
+    names = sorted(p.name for p in out.iterdir())
+    assert not (out / "state").exists()  # each job's resume state went with its record
+    assert names == [
+        "config.yaml",
+        "events.jsonl",
+        "frontier.png",
+        "metrics.json",
+        "partition-seed0-" + names[4].removeprefix("partition-seed0-"),
+        "run.log",
+        "summary.md",
+    ]
+    documented = (Path(__file__).resolve().parents[1] / "docs" / "run-directory.md").read_text()
+    for name in ("config.yaml", "events.jsonl", "frontier.png", "metrics.json", "run.log"):
+        assert f"| `{name}` |" in documented
+    assert "| `partition-seed<seed>-<key>.png` |" in documented
+
+
+def test_out_on_a_directory_of_other_files_asks_for_another_out(tmp_path, capsys) -> None:
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "thesis.tex").write_text("precious")
+    line = exit_2(capsys, ["run", *tiny(tmp_path), "--out", str(other)])
+    assert line == (
+        f"osfl: error: {other} is not empty and is not an osfl run directory: give --out a "
+        "new or empty directory"
+    )
+    assert "--resume" not in line  # it holds no run to resume
+    assert [p.name for p in other.iterdir()] == ["thesis.tex"]
 
 
 def test_overwrite_replaces_an_old_run_and_nothing_else(tmp_path, capsys) -> None:
@@ -112,7 +146,9 @@ def test_resume_with_another_config_is_refused(tmp_path, capsys) -> None:
     out = tmp_path / "run"
     assert main(["run", *tiny(tmp_path), "--out", str(out)]) == 0
     line = exit_2(capsys, ["run", "--resume", str(out), "train.epochs=2"])
-    assert "--resume" in line
+    assert "differs from the run's config.yaml in train.epochs (2 here, 1 in the run)" in line
+    line = exit_2(capsys, ["run", "--resume", str(out), "train.epochs=2", "train.lr=0.5"])
+    assert "in train.epochs (2 here, 1 in the run), train.lr (0.5 here, " in line
     line = exit_2(capsys, ["run", "--resume", str(tmp_path / "nothing")])
     assert "no osfl run to resume" in line
 
@@ -220,6 +256,7 @@ def test_a_run_stopped_mid_method_resumes_at_its_round_with_the_same_numbers(
     assert resumed["global_test_accuracy"] == whole["global_test_accuracy"]
     assert resumed["bytes_up"] == whole["bytes_up"]
     assert not state.exists()  # the record is saved: the resume state is gone
+    assert not (out / "state").exists()  # and state/ with it, the last job's
 
 
 @pytest.mark.slow

@@ -131,19 +131,29 @@ def cmd_table(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The console of the running command (:func:`main` makes it; logging writes through it).
+_CONSOLE: Any = None
+#: Piped output is this wide: no table is wrapped or cut (rich would assume 80 columns).
+PIPED_WIDTH = 1000
+
+
 def _console() -> Any:
-    """The terminal console; when output is piped, wide enough that a table's
-    columns are never cut (rich would assume 80 columns)."""
-    console = _rich_console()
-    return console if console.is_terminal else _rich_console(width=160)
+    """The console every command prints through, and logging too in a terminal
+    (so that log lines go above the live progress bars instead of onto them).
+    Piped to a file or another program: no colour codes, and wide enough that
+    no table is wrapped or cut."""
+    global _CONSOLE
+    if _CONSOLE is None:
+        _CONSOLE = _make_console()
+    return _CONSOLE
 
 
-def _rich_console(**kwargs: Any) -> Any:
-    """A ``rich.console.Console``, imported when a command first prints."""
+def _make_console() -> Any:
     # heavy: rich (~25 ms, as much as the rest of this module; `osfl --help` needs none of it)
     from rich.console import Console
 
-    return Console(**kwargs)
+    console = Console()
+    return console if console.is_terminal else Console(width=PIPED_WIDTH, color_system=None)
 
 
 def _progress_board(console: Any, enabled: bool) -> Any:
@@ -184,7 +194,7 @@ def cmd_audit(args: argparse.Namespace) -> int:
         aux_seed=args.aux_seed,
         device=args.device,
     )
-    console = _rich_console()
+    console = _console()
     table = audit_rich_table(results, title=f"privacy audit — {args.run_dir}")
     if table is not None:
         console.print(table)
@@ -225,7 +235,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
         n = int(counts.sum())
         share = f"{counts.max() / n:.2f}" if n else "—"
         table.add_row(str(c), str(n), str(int((counts > 0).sum())), share)
-    console = _rich_console()
+    console = _console()
     console.print(table)
     console.print(f"federation written to {path}")
     if args.plot:
@@ -239,8 +249,18 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------- list
+#: Where a config names a member of each registry.
+_SET_AS = {
+    "datasets": "data.source (NAME or NAME:<path>)",
+    "partition schemes": "partition.scheme",
+    "models": "model.name",
+    "transform pipelines": "transform.train, transform.eval",
+    "attacks": "audit: [NAME, ...]; osfl audit --attack NAME",
+}
+
+
 def registries() -> dict[str, list[str]]:
-    """Every registry a user can name in a config, by kind."""
+    """Every registry a user can name in a config, by kind (methods included)."""
     # heavy: torch (every registry lives with its layer)
     import osfl.methods  # noqa: F401  (registers the methods)
     from osfl.data.partition import PARTITIONS
@@ -250,53 +270,107 @@ def registries() -> dict[str, list[str]]:
     from osfl.models import list_models
     from osfl.privacy import ATTACKS
 
-    def describe(name: str) -> str:
-        cls = METHODS.get(name)
-        tags = [
-            t
-            for t, on in (
-                ("one-shot", cls.card.one_shot),
-                ("default run", cls.card.default_run),
-            )
-            if on
-        ]
-        tags += [f"regime {cls.card.regime}", f"uploads {cls.card.uploads}"]
-        return f"{name} ({', '.join(tags)})"
-
-    out = {
+    return {
         "datasets": list_datasets(),
         "partition schemes": PARTITIONS.names(),
         "models": list(list_models()),
-        "methods": [describe(n) for n in METHODS.names()],
+        "methods": METHODS.names(),
         "transform pipelines": PIPELINES.names(),
+        "attacks": ATTACKS.names(),
     }
-    out["attacks"] = ATTACKS.names()
-    return out
+
+
+def _rounds_label(cls: Any) -> str:
+    from osfl.fl.method import default_rounds
+
+    rounds = default_rounds(cls)
+    return "one-shot" if cls.card.one_shot and rounds == 1 else str(rounds)
+
+
+def _methods_table(names: Sequence[str]) -> Any:
+    """One row per method, grouped by regime: rounds, uploads, what it does."""
+    # heavy: rich, torch (osfl.fl.method)
+    from rich.table import Table
+
+    from osfl.fl.method import METHODS
+
+    table = Table(title="methods (osfl list --method NAME: its paper and options)")
+    for col in ("method", "regime", "rounds", "uploads", "what it does"):
+        table.add_column(col, no_wrap=col != "what it does")
+    classes = sorted(
+        (METHODS.get(n) for n in names), key=lambda c: (list(REGIMES).index(c.card.regime), c.name)
+    )
+    regime = None
+    for cls in classes:
+        if regime is not None and cls.card.regime != regime:
+            table.add_section()
+        regime = cls.card.regime
+        card = cls.card
+        table.add_row(cls.name, card.regime, _rounds_label(cls), card.uploads, card.summary)
+    return table
+
+
+def _names_table(kinds: dict[str, list[str]]) -> Any:
+    # heavy: rich
+    from rich.table import Table
+
+    table = Table(title="names a config can use")
+    for col in ("kind", "set as", "names"):
+        table.add_column(col, no_wrap=col != "names", max_width=None if col != "names" else 90)
+    for kind, names in kinds.items():
+        table.add_row(kind, _SET_AS[kind], ", ".join(names))
+    return table
+
+
+def _describe_method(console: Any, name: str) -> None:
+    """``osfl list --method NAME``: what it does, its paper, how it runs, and
+    every option with its default and description."""
+    # heavy: rich, torch (osfl.methods, osfl.config)
+    from rich.table import Table
+
+    import osfl.methods  # noqa: F401  (registers the methods)
+    from osfl.config import config_options
+    from osfl.fl.method import METHODS, capabilities_of
+
+    cls = METHODS.get(name)
+    card = cls.card
+    console.print(f"[bold]{cls.name}[/bold]: {card.summary}", highlight=False)
+    console.print(f"paper: {card.paper or '(an osfl baseline)'}", markup=False, highlight=False)
+    console.print(
+        f"regime {card.regime} ({REGIMES[card.regime]}); uploads {card.uploads} "
+        f"({UPLOAD_KINDS[card.uploads]}); rounds: {_rounds_label(cls)}",
+        markup=False,
+        highlight=False,
+    )
+    console.print(f"capabilities: {', '.join(capabilities_of(cls)) or '(core only)'}")
+    recipe = ", ".join(f"{k}: {v}" for k, v in card.train_defaults.items())
+    console.print(
+        "local training: the run's train.* "
+        + (f"with this method's defaults {recipe} " if recipe else "")
+        + f"(method_train.{cls.name}.<key>=<value> for this method alone)",
+        markup=False,
+        highlight=False,
+    )
+    options = config_options(cls.Config)
+    if not options:
+        console.print("options: none")
+        return
+    table = Table(title=f"options: method.{cls.name}.<option>=<value>")
+    for col in ("option", "default", "what it sets"):
+        table.add_column(col, no_wrap=col == "option")
+    for o in options:
+        table.add_row(o.key, o.default, o.help)
+    console.print(table)
 
 
 def cmd_list(args: argparse.Namespace) -> int:
     console = _console()
     if args.method:
-        # heavy: torch (osfl.methods, osfl.config)
-        import osfl.methods  # noqa: F401  (registers the methods)
-        from osfl.config import config_tree
-        from osfl.fl.method import METHODS, capabilities_of
-
-        cls = METHODS.get(args.method)
-        card = cls.card
-        console.print(f"[bold]{cls.name}[/bold]: {(cls.__doc__ or '').strip().splitlines()[0]}")
-        console.print(
-            f"regime {card.regime} ({REGIMES[card.regime]}); uploads {card.uploads} "
-            f"({UPLOAD_KINDS[card.uploads]})",
-            markup=False,
-        )
-        console.print(f"capabilities: {', '.join(capabilities_of(cls)) or '(core only)'}")
-        console.print(f"options (set as method.{cls.name}.<key>=<value>), with their defaults:")
-        console.print(config_tree(cls.Config).rstrip() or "(none)", markup=False)
+        _describe_method(console, args.method)
         return 0
-    for kind, names in registries().items():
-        console.print(f"[bold]{kind}[/bold] ({len(names)}): " + ", ".join(names), soft_wrap=True)
-    console.print("`osfl list --method NAME` prints a method's options with their defaults")
+    kinds = registries()
+    console.print(_names_table({k: v for k, v in kinds.items() if k != "methods"}))
+    console.print(_methods_table(kinds["methods"]))
     return 0
 
 
@@ -346,7 +420,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         cache_dir=up.cache_dir,
         options=dict(up.options),
     )
-    console = _rich_console()
+    console = _console()
     known = {"upstream": upstream_block(upstream)}
     for task_path in args.disjoint_from or []:  # refuse before anything trains
         task = load_config(task_path)
@@ -448,18 +522,24 @@ def _add_suite_parser(sub: Any) -> None:
 
 
 # --------------------------------------------------------------------------- main
+VERBOSE_HELP = (
+    "more log output: -v shows each client's training and each method's result "
+    "(INFO), -vv debug messages; the run directory's run.log always has INFO"
+)
+
+
+def _verbose_here(sub: argparse.ArgumentParser) -> None:
+    """``-v`` after the command too (``osfl run -v``); counted with any before it."""
+    sub.add_argument(
+        "-v", "--verbose", dest="verbose_after", action="count", default=0, help=VERBOSE_HELP
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="osfl", description="Federated learning of image classifiers."
     )
-    parser.add_argument(
-        "-v",
-        "--verbose",
-        action="count",
-        default=0,
-        help="more log output: -v shows each client's training and each method's result "
-        "(INFO), -vv debug messages; the run directory's run.log always has INFO",
-    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help=VERBOSE_HELP)
     parser.add_argument("--version", action="version", version=f"osfl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -488,6 +568,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="DIR",
         help="finish an interrupted run in DIR: same config, only its missing records run",
     )
+    _verbose_here(run)
     run.set_defaults(func=cmd_run)
 
     part = sub.add_parser("partition", help="split a dataset among clients and save the federation")
@@ -508,12 +589,16 @@ def build_parser() -> argparse.ArgumentParser:
     part.add_argument("--seed", type=int, default=0)
     part.add_argument("--out", required=True, help="output JSON file")
     part.add_argument("--plot", help="also write the class-count heat map to this PNG")
+    _verbose_here(part)
     part.set_defaults(func=cmd_partition)
 
     lst = sub.add_parser("list", help="list datasets, partition schemes, models, methods, attacks")
     lst.add_argument(
-        "--method", metavar="NAME", help="print one method's full option tree with its defaults"
+        "--method",
+        metavar="NAME",
+        help="one method: what it does, its paper, and every option with its default",
     )
+    _verbose_here(lst)
     lst.set_defaults(func=cmd_list)
 
     tab = sub.add_parser(
@@ -527,6 +612,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="take records without a split key (older runs) on trust",
     )
+    _verbose_here(tab)
     tab.set_defaults(func=cmd_table)
 
     aud = sub.add_parser("audit", help="score privacy attacks on a run's recorded observations")
@@ -551,6 +637,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="an attack option, e.g. rlu.num_samples=1000 (repeatable)",
     )
     aud.add_argument("--device", default="cpu", help="device the attacks run on (default cpu)")
+    _verbose_here(aud)
     aud.set_defaults(func=cmd_audit)
 
     pre = sub.add_parser(
@@ -578,6 +665,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pre.add_argument("--force", action="store_true", help="overwrite an existing --out file")
     pre.add_argument("--no-progress", action="store_true", help="no progress bars")
+    _verbose_here(pre)
     pre.set_defaults(func=cmd_pretrain)
     _add_suite_parser(sub)
 
@@ -592,6 +680,7 @@ def build_parser() -> argparse.ArgumentParser:
     from osfl.flower.app import certs as certs_tool
 
     certs_tool.add_arguments(certs)
+    _verbose_here(certs)
     certs.set_defaults(func=certs_tool.run)
     frun = fsub.add_parser(
         "run",
@@ -602,12 +691,14 @@ def build_parser() -> argparse.ArgumentParser:
     frun.add_argument("app", help="the osfl app directory (python -m osfl.flower.app DIR)")
     frun.add_argument("superlink", help="the SuperLink connection (a name in flwr's config.toml)")
     frun.add_argument("flwr_args", nargs=argparse.REMAINDER, help="more `flwr run` options")
+    _verbose_here(frun)
     frun.set_defaults(func=cmd_flower_run)
     status = fsub.add_parser(
         "status",
         help="exit 0 when RUN_DIR holds a finished run, 1 when it failed or stopped",
     )
     status.add_argument("run_dir", metavar="RUN_DIR", help="a run directory the ServerApp wrote")
+    _verbose_here(status)
     status.set_defaults(func=cmd_flower_status)
     return parser
 
@@ -626,17 +717,30 @@ def cmd_flower_status(args: argparse.Namespace) -> int:
     return run_dir_status(args.run_dir)
 
 
-def _setup_logging(verbose: int) -> None:
+class _PlainHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Log lines as plain text on stderr (output that is not a terminal)."""
+
+
+def _setup_logging(verbose: int, console: Any) -> None:
+    """One handler on the ``osfl`` logger: in a terminal rich's, writing through
+    ``console`` (the one the live progress display draws on, so a log line is
+    printed above the bars, never onto one); otherwise plain lines on stderr,
+    without colour codes or wrapping."""
     # heavy: rich (~25 ms; `osfl --help` exits before logging is set up)
     from rich.logging import RichHandler
 
     level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
     logger = logging.getLogger("osfl")
-    handler = next((h for h in logger.handlers if isinstance(h, RichHandler)), None)
-    if handler is None:
-        handler = RichHandler(show_path=False, show_time=False)
-        logger.addHandler(handler)
+    for old in [h for h in logger.handlers if isinstance(h, RichHandler | _PlainHandler)]:
+        logger.removeHandler(old)
+    handler: logging.Handler
+    if console.is_terminal:
+        handler = RichHandler(console=console, show_path=False, show_time=False)
+    else:
+        handler = _PlainHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
     handler.setLevel(level)
+    logger.addHandler(handler)
     if logger.getEffectiveLevel() > level:
         logger.setLevel(level)
 
@@ -652,7 +756,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command != "run" or any(e.startswith("-") or "=" not in e for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         args.items = [*args.items, *extra]
-    _setup_logging(args.verbose)
+    global _CONSOLE
+    _CONSOLE = _make_console()
+    _setup_logging(args.verbose + getattr(args, "verbose_after", 0), _CONSOLE)
     try:
         return int(args.func(args))
     except (OsflError, OSError) as e:  # OSError: a path the user gave cannot be read/written

@@ -19,8 +19,12 @@ https://omegaconf.readthedocs.io/en/2.3_branch/structured_config.html
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import functools
+import inspect
 import itertools
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -35,6 +39,7 @@ from osfl.errors import ConfigError
 from osfl.fl.secagg_config import SecAggPlusConfig
 from osfl.fl.server_config import ServerConfig
 from osfl.fl.train_config import TrainConfig
+from osfl.registry import did_you_mean
 
 
 @dataclass(frozen=True)
@@ -262,9 +267,12 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
     key = getattr(e, "full_key", "") or ""
     if isinstance(e, ConfigKeyError | AttributeError) or "not in" in str(e):
         parent = key.rsplit(".", 1)[0] if "." in key else "top level"
-        valid = ", ".join(_valid_keys(schema, key)) or "(none)"
+        keys = _valid_keys(schema, key)
+        prefix = f"{parent}." if "." in key else ""
+        hint = did_you_mean(key.rsplit(".", 1)[-1], keys, prefix)
         return ConfigError(
-            f"unknown config key {key!r} ({source}); valid keys at {parent}: {valid}"
+            f"unknown config key {key!r}{hint} ({source}); valid keys at {parent}: "
+            f"{', '.join(keys) or '(none)'}"
         )
     if isinstance(e, ValidationError):
         first = str(e).splitlines()[0]
@@ -301,7 +309,7 @@ def _read_yaml(path: str | Path | None) -> tuple[DictConfig, str]:
         return _yaml_text(default_config_text(), "embedded default.yaml")
     p = Path(path)
     if not p.is_file():
-        raise ConfigError(f"config file not found: {p}")
+        raise ConfigError(f"config file not found: {p}{_not_found_hint(p)}")
     try:
         node = OmegaConf.load(p)
     except Exception as e:  # yaml.YAMLError and friends
@@ -309,6 +317,19 @@ def _read_yaml(path: str | Path | None) -> tuple[DictConfig, str]:
     if not isinstance(node, DictConfig):
         raise ConfigError(f"{p} must hold a mapping of config keys at its top level")
     return node, str(p)
+
+
+def _not_found_hint(p: Path) -> str:
+    """Where a relative config path was looked for, and the way out for the
+    repository's ``configs/`` read from another directory."""
+    hint = "" if p.is_absolute() else f" (relative to {Path.cwd()})"
+    if p.name == "default.yaml":
+        return hint + (
+            "; a bare `osfl run` (no config file) runs the packaged default, configs/default.yaml"
+        )
+    if p.parts and p.parts[0] == "configs":
+        return hint + "; configs/ is in the osfl checkout: run from its root or give the full path"
+    return hint
 
 
 def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
@@ -403,9 +424,12 @@ def _merge_options(
         if isinstance(e, ConfigKeyError | AttributeError) or "not in" in str(e):
             parent = key.rsplit(".", 1)[0] if "." in key else ""
             where = f"in {prefix}.{parent}" if parent else top
-            valid = ", ".join(_valid_keys(schema, key)) or "(none)"
+            keys = _valid_keys(schema, key)
             leaf = key.rsplit(".", 1)[-1]
-            raise ConfigError(f"unknown option {leaf!r} {where}; valid: {valid}") from e
+            hint = did_you_mean(leaf, keys)
+            raise ConfigError(
+                f"unknown option {leaf!r}{hint} {where}; valid: {', '.join(keys) or '(none)'}"
+            ) from e
         raise ConfigError(f"{prefix}.{key}: {str(e).splitlines()[0]}") from e
     except (TypeError, ValueError) as e:  # ConfigError included: the dataclass's own checks
         raise ConfigError(f"{prefix}: {e}") from e
@@ -477,9 +501,100 @@ def method_train_config(
 
 
 def config_tree(config_cls: type) -> str:
-    """The full option tree of a config dataclass with its defaults, as YAML
-    (``osfl list --method NAME``)."""
+    """The full option tree of a config dataclass with its defaults, as YAML."""
     return OmegaConf.to_yaml(OmegaConf.structured(config_cls))
+
+
+@dataclass(frozen=True)
+class OptionDoc:
+    """One option of a config tree: its dotted ``key``, its ``default`` as YAML
+    text and its one-line ``help`` (``""`` when undocumented)."""
+
+    key: str
+    default: str
+    help: str
+
+
+@functools.cache
+def _doc_comments(klass: type) -> dict[str, str]:
+    """The ``#:`` doc comments (Sphinx's form) on the lines right above each field
+    declared in ``klass``'s own body, joined into one line each."""
+    try:
+        source = textwrap.dedent(inspect.getsource(klass))
+    except (OSError, TypeError):  # no source (a class made at run time)
+        return {}
+    lines = source.splitlines()
+    body = ast.parse(source).body[0]
+    out = {}
+    for node in body.body if isinstance(body, ast.ClassDef) else []:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            i, words = node.lineno - 2, []
+            while i >= 0 and lines[i].strip().startswith("#:"):
+                words.insert(0, lines[i].strip()[2:].strip())
+                i -= 1
+            if words:
+                out[node.target.id] = " ".join(words)
+    return out
+
+
+def option_docs(config_cls: type) -> dict[str, str]:
+    """Field name -> its ``#:`` doc comment, for ``config_cls`` and its dataclass
+    bases (a subclass that redeclares a field to change its default keeps the
+    base's description unless it writes its own)."""
+    docs: dict[str, str] = {}
+    for klass in reversed(config_cls.__mro__):
+        if dataclasses.is_dataclass(klass):
+            docs.update(_doc_comments(klass))
+    return docs
+
+
+def _default_of(f: dataclasses.Field[Any]) -> Any:
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def _yaml_value(value: Any) -> str:
+    if value is dataclasses.MISSING:
+        return "(required)"
+    if isinstance(value, str):
+        return value if value else "''"
+    if isinstance(value, tuple):
+        value = list(value)
+    text = str(yaml.safe_dump(value, default_flow_style=True, width=10_000))
+    return text.strip().removesuffix("\n...").strip()
+
+
+def config_options(config_cls: type, prefix: str = "") -> list[OptionDoc]:
+    """Every leaf option of a config dataclass, nested groups as dotted keys
+    (``distill.lr``), in declaration order, with its default and description
+    (``osfl list --method NAME``)."""
+    docs = option_docs(config_cls)
+    out = []
+    for f in dataclasses.fields(config_cls):
+        default = _default_of(f)
+        if dataclasses.is_dataclass(default) and not isinstance(default, type):
+            out += _group_options(type(default), default, f"{prefix}{f.name}.")
+            continue
+        out.append(OptionDoc(f"{prefix}{f.name}", _yaml_value(default), docs.get(f.name, "")))
+    return out
+
+
+def _group_options(group_cls: type, default: Any, prefix: str) -> list[OptionDoc]:
+    """A nested group's options with the defaults its parent gives it (e.g.
+    DENSE's own ``distill.lr``, not :class:`DistillConfig`'s)."""
+    return [
+        dataclasses.replace(o, default=_yaml_value(_nested(default, o.key[len(prefix) :])))
+        for o in config_options(group_cls, prefix)
+    ]
+
+
+def _nested(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 # --------------------------------------------------------------------------- sweeps

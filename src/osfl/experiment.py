@@ -13,6 +13,7 @@ before the first client trains.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import shutil
@@ -69,7 +70,8 @@ def run_context(name: str, seed: int, point: Mapping[str, str] | None) -> dict[s
 def state_dir(rundir: RunDir, name: str, seed: int, point: str) -> Path:
     """Where a job's server state is saved while it runs (``state/<slug>``):
     ``osfl run --resume`` continues an unfinished method from there; the
-    directory goes once the method's record is in ``metrics.json``."""
+    directory goes once the method's record is in ``metrics.json``, and
+    ``state/`` once it is empty."""
     return rundir.path / "state" / _slug(name, seed, point)
 
 
@@ -219,10 +221,16 @@ def execute_plan(
             if on_record is not None:
                 on_record(record)
             if rundir is not None and on_record is not None:  # saved: no resume state needed
-                shutil.rmtree(
-                    state_dir(rundir, job.method.name, job.seed, label), ignore_errors=True
-                )
+                drop_state(state_dir(rundir, job.method.name, job.seed, label))
     return records
+
+
+def drop_state(where: Path) -> None:
+    """Delete a finished job's resume state, and ``state/`` with it once no
+    other job has any left (a finished run directory has no empty ``state/``)."""
+    shutil.rmtree(where, ignore_errors=True)
+    with contextlib.suppress(OSError):  # only if empty: another job's state stays
+        where.parent.rmdir()
 
 
 def run_experiment(

@@ -3,17 +3,31 @@ models, methods and attacks.
 
 Registries, not ``if/elif`` on strings: each family registers its members with a
 decorator, a duplicate name is refused at import time, and an unknown name is a
-:class:`~osfl.errors.ConfigError` that lists the valid ones.
+:class:`~osfl.errors.ConfigError` that suggests the closest ones ("did you
+mean") and lists the valid ones.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import difflib
+from collections.abc import Callable, Iterable, Iterator
 from typing import Generic, TypeVar
 
 from osfl.errors import ConfigError
 
 T = TypeVar("T")
+
+
+def did_you_mean(name: str, valid: Iterable[str], prefix: str = "") -> str:
+    """``" (did you mean 'fedavg'?)"`` for the valid names closest to ``name``
+    (difflib's ratio >= 0.6, at most three, closest first, each shown after
+    ``prefix``), or ``""``."""
+    close = difflib.get_close_matches(name.lower(), list(valid), n=3)
+    close = [repr(prefix + c) for c in close]
+    if not close:
+        return ""
+    names = close[0] if len(close) == 1 else f"{', '.join(close[:-1])} or {close[-1]}"
+    return f" (did you mean {names}?)"
 
 
 class Registry(Generic[T]):
@@ -42,7 +56,8 @@ class Registry(Generic[T]):
         key = name.lower()
         if key not in self._items:
             valid = ", ".join(sorted(self._items)) or "(none)"
-            raise ConfigError(f"unknown {self.kind} {name!r}; valid: {valid}")
+            hint = did_you_mean(key, self._items)
+            raise ConfigError(f"unknown {self.kind} {name!r}{hint}; valid: {valid}")
         return self._items[key]
 
     def names(self) -> list[str]:

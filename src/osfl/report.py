@@ -169,6 +169,7 @@ class Row:
     time_s: Stat | None
     warnings: tuple[str, ...] = ()
     regime: str = ""  # osfl.fl.method.REGIMES; "" for records written before regimes
+    at_sites: bool = False  # accuracy pooled from the sites' own test sets (real sites)
 
 
 def summarize(records: Sequence[Mapping[str, Any]]) -> list[Row]:
@@ -194,6 +195,7 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> list[Row]:
                     )
                 ),
                 regime=str(recs[0].get("regime", "")),
+                at_sites=any(r.get("evaluated_at") == "sites" for r in recs),
             )
         )
     return rows
@@ -334,15 +336,29 @@ def summary_markdown(rows: Sequence[Row], *, title: str, notes: Sequence[str] = 
         )
         lines += ["| " + " | ".join(c) + " |" for c in cells]
         lines.append("")
-    lines += [
-        "Accuracy: mean ± sample standard deviation over seeds (global test set; "
-        "`local` reports the mean accuracy of the clients' own models).",
-        "",
-    ]
+    lines += [_accuracy_note(rows), ""]
     warned = warning_lines(rows)
     if warned:
         lines += ["## Warnings", "", *[f"- {w}" for w in warned], ""]
     return "\n".join(lines)
+
+
+def _accuracy_note(rows: Sequence[Row]) -> str:
+    """What the accuracy column is computed on: the global test set, or (real
+    sites without a server test set) the sites' own test images, pooled."""
+    sites = [r.method for r in rows if r.at_sites]
+    if not sites:
+        return (
+            "Accuracy: mean ± sample standard deviation over seeds (global test set; "
+            "`local` reports the mean accuracy of the clients' own models)."
+        )
+    which = "" if len(sites) == len(rows) else f" for {', '.join(dict.fromkeys(sites))}"
+    return (
+        "Accuracy: mean ± sample standard deviation over seeds; there is no global test "
+        f"set{which}: each site scored the final model on its own test images and the "
+        "accuracy is their correct predictions over their test images, summed over the sites "
+        "(each site's own accuracy: `site_accuracies` in metrics.json)."
+    )
 
 
 def _by_method(records: Sequence[Mapping[str, Any]], key: str) -> dict[tuple[str, str], list]:
@@ -406,8 +422,21 @@ def plot_curves(
     one line per (grid point, method), the mean over seeds with a band of ±
     one sample std where there are several; ``None`` (no file) when no record
     has a curve. With ``link_mbps``, a second panel puts the same accuracies
-    against the total time under that link (:func:`osfl.convergence.link_seconds`,
-    mean over seeds)."""
+    against the time under that link (:func:`osfl.convergence.link_seconds`,
+    mean over seeds) counted from each curve's first evaluated round: the
+    method that runs first pays the process's one-time costs (imports,
+    allocations, first kernels), which would otherwise show as a method
+    difference."""
+    fig = curves_figure(records, link_mbps=link_mbps)
+    if fig is None:
+        return None
+    out = Path(path)
+    fig.savefig(out)
+    return out
+
+
+def curves_figure(records: Sequence[Mapping[str, Any]], *, link_mbps: float | None = None) -> Any:
+    """The figure :func:`plot_curves` saves (``None`` without curves)."""
     groups = _by_method(records, "curve")
     if not groups:
         return None
@@ -428,9 +457,7 @@ def plot_curves(
         _plot_curve(ax, ax_time, recs, label, next(colours), link_mbps)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     _label_curve_axes(ax, ax_time, link_mbps)
-    out = Path(path)
-    fig.savefig(out)
-    return out
+    return fig
 
 
 def _all_timed(groups: Mapping[tuple[str, str], list[Mapping[str, Any]]]) -> bool:
@@ -477,7 +504,9 @@ def _plot_curve(
         std = np.nanstd(table, axis=0, ddof=1)
         ax.fill_between(xs, mean - std, mean + std, color=colour, alpha=0.18, linewidth=0)
     if ax_time is not None:
-        ax_time.plot(np.nanmean(times, axis=0), mean, marker="o", markersize=3, color=colour)
+        # from the first evaluated round on: one-time costs land on whichever method ran first
+        elapsed = times - times[:, :1]
+        ax_time.plot(np.nanmean(elapsed, axis=0), mean, marker="o", markersize=3, color=colour)
 
 
 def _label_curve_axes(ax: Any, ax_time: Any, link_mbps: float | None) -> None:
@@ -487,8 +516,11 @@ def _label_curve_axes(ax: Any, ax_time: Any, link_mbps: float | None) -> None:
     ax.set_title("Test accuracy per round (mean ± std over seeds)", fontsize=10)
     ax.grid(alpha=0.3)
     if ax_time is not None:
-        ax_time.set_xlabel(f"compute + transfer time at {link_mbps:g} Mbit/s (s)")
-        ax_time.set_title("Accuracy against total time", fontsize=10)
+        ax_time.set_xlabel(
+            f"compute + transfer time at {link_mbps:g} Mbit/s (s), after the first evaluated "
+            "round\n(its one-time warm-up falls on the method that runs first: left out)"
+        )
+        ax_time.set_title("Accuracy against time", fontsize=10)
         ax_time.grid(alpha=0.3)
     handles, labels = ax.get_legend_handles_labels()  # the lines are labelled once, per round
     (ax_time or ax).legend(
@@ -497,10 +529,28 @@ def _label_curve_axes(ax: Any, ax_time: Any, link_mbps: float | None) -> None:
 
 
 def plot_frontier(records: Sequence[Mapping[str, Any]], path: str | Path) -> Path | None:
-    """Accuracy against total bytes (up + down, log scale), one point per (grid
+    """Accuracy against total bytes (up + down), one labelled point per (grid
     point, method), mean over seeds, one marker per regime: the bytes–accuracy
     frontier of a comparison (FENS against one-shot FedAvg, Ensemble and
     multi-round FedAvg). ``None`` (no file) with fewer than two methods."""
+    fig = frontier_figure(records)
+    if fig is None:
+        return None
+    out = Path(path)
+    fig.savefig(out)
+    return out
+
+
+#: Bytes spanning less than this ratio are drawn on a linear axis (a log axis
+#: would give them one tick label between them).
+LOG_AXIS_SPAN = 10.0
+
+
+def frontier_figure(records: Sequence[Mapping[str, Any]]) -> Any:
+    """The figure :func:`plot_frontier` saves: every point labelled with its
+    method and bytes; a linear bytes axis with ticks that resolve the range when
+    the bytes span less than :data:`LOG_AXIS_SPAN`, a log axis with 1-2-5 ticks
+    beyond."""
     groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for r in records:
         if r.get("global_test_accuracy") is not None and "bytes_up" in r:
@@ -510,30 +560,66 @@ def plot_frontier(records: Sequence[Mapping[str, Any]], path: str | Path) -> Pat
     # heavy: matplotlib (only runs that plot pay for it)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FuncFormatter
 
-    fig = Figure(figsize=(7, 4.2), dpi=110, layout="constrained")
+    fig = Figure(figsize=(7.5, 4.5), dpi=110, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     markers = dict(zip(REGIMES, "osD^", strict=True))
     colours = _colours(len(groups))
+    sent_all = []
     for (point, method), recs in groups.items():
         sent = float(np.mean([r["bytes_up"] + r.get("bytes_down", 0) for r in recs]))
         acc = 100 * float(np.mean([r["global_test_accuracy"] for r in recs]))
         label = f"{method} ({point})" if point else method
         marker = markers.get(str(recs[0].get("regime")), "x")
-        ax.scatter([sent], [acc], marker=marker, color=next(colours), label=label, s=36)
-    ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human_bytes(v)))
-    ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
-    ax.set_xlabel("bytes up + down, all clients (log scale)")
+        colour = next(colours)
+        ax.scatter([sent], [acc], marker=marker, color=colour, label=label, s=36)
+        ax.annotate(
+            f"{label}\n{human_bytes(sent)}",
+            (sent, acc),
+            xytext=(5, 4),
+            textcoords="offset points",
+            fontsize=7,
+            color=colour,
+        )
+        sent_all.append(sent)
+    _bytes_axis(ax, min(sent_all), max(sent_all))
     ax.set_ylabel("test accuracy (%)")
     ax.set_title("Accuracy against communication (mean over seeds)", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    out = Path(path)
-    fig.savefig(out)
-    return out
+    return fig
+
+
+def _bytes_axis(ax: Any, lo: float, hi: float) -> None:
+    """A bytes x axis whose tick labels tell the points apart (see :func:`frontier_figure`)."""
+    # heavy: matplotlib (only runs that plot pay for it)
+    from matplotlib.ticker import FuncFormatter, LogLocator, MultipleLocator, NullFormatter
+
+    ax.margins(y=0.12)  # room above the top point for its label
+    if hi / max(lo, 1.0) < LOG_AXIS_SPAN:
+        pad = max(0.08 * (hi - lo), 0.02 * hi)
+        ax.set_xlim(lo - pad, hi + 2.5 * pad)  # room on the right for the labels
+        exp = min(int(math.log(hi, 1024)), 4) if hi >= 1024 else 0
+        unit, name = 1024**exp, ["B", "KiB", "MiB", "GiB", "TiB"][exp]
+        step = _nice_step((hi - lo + 3.5 * pad) / unit / 5)
+        decimals = max(0, -math.floor(math.log10(step)))
+        ax.xaxis.set_major_locator(MultipleLocator(step * unit))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / unit:.{decimals}f} {name}"))
+        ax.set_xlabel("bytes up + down, all clients")
+        return
+    ax.set_xscale("log")
+    ax.set_xlim(lo / 1.5, hi * 2.5)
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human_bytes(v)))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.set_xlabel("bytes up + down, all clients (log scale)")
+
+
+def _nice_step(raw: float) -> float:
+    """The 1-2-2.5-5 × 10^k step at or above ``raw``."""
+    power = 10 ** math.floor(math.log10(raw))
+    return next(m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw)
 
 
 def _colours(n: int) -> Any:

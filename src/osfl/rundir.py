@@ -54,11 +54,15 @@ def prepare(path: Path, mode: str) -> None:
     if exists and not path.is_dir():
         raise ConfigError(f"run directory {path} exists and is not a directory")
     busy = exists and any(path.iterdir())
-    if mode == "new" and busy:
-        what = "an osfl run" if is_run_dir(path) else "files"
+    if mode == "new" and busy and not is_run_dir(path):
         raise ConfigError(
-            f"run directory {path} already holds {what}: pass --resume {path} to finish an "
-            "interrupted run, --overwrite to replace it, or another --out"
+            f"{path} is not empty and is not an osfl run directory: give --out a new or "
+            "empty directory"
+        )
+    if mode == "new" and busy:
+        raise ConfigError(
+            f"run directory {path} already holds an osfl run: pass --resume {path} to finish "
+            "an interrupted run, --overwrite to replace it, or another --out"
         )
     if mode == "overwrite" and busy:
         if not is_run_dir(path):

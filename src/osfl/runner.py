@@ -13,11 +13,14 @@ records that are missing (same config, or it refuses).
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from osfl import report
 from osfl.assembly import check_names, method_names
@@ -77,6 +80,37 @@ def _stored_config(out: Path) -> str:
         raise ConfigError(f"--resume {out}: its config.yaml does not load ({e})") from e
 
 
+def config_differences(stored: str, given: str, most: int = 3) -> str:
+    """Which keys two resolved configs (YAML) differ in, e.g. ``train.epochs
+    (2 here, 1 in the run)``; at most ``most`` of them, then how many more."""
+    a, b = _flatten(yaml.safe_load(stored)), _flatten(yaml.safe_load(given))
+    keys = [k for k in sorted(a.keys() | b.keys()) if a.get(k, _MISSING) != b.get(k, _MISSING)]
+    shown = [
+        f"{k} ({_show(b.get(k, _MISSING))} here, {_show(a.get(k, _MISSING))} in the run)"
+        for k in keys[:most]
+    ]
+    more = f" and {len(keys) - most} more key(s)" if len(keys) > most else ""
+    return ", ".join(shown) + more if shown else "its layout"
+
+
+_MISSING = object()
+
+
+def _show(value: Any) -> str:
+    return "unset" if value is _MISSING else json.dumps(value, default=str)
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"train": {"epochs": 1}}`` -> ``{"train.epochs": 1}`` (lists are leaves)."""
+    if not isinstance(node, Mapping):
+        return {prefix: node} if prefix else {}
+    out: dict[str, Any] = {}
+    for k, v in node.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        out.update(_flatten(v, key) if isinstance(v, Mapping) and v else {key: v})
+    return out
+
+
 def _finished(out: Path) -> list[dict[str, Any]]:
     path = out / "metrics.json"
     if not path.is_file():
@@ -117,10 +151,12 @@ def run(req: RunRequest, make_board: BoardFactory, announce: Announce = print) -
     config_text = to_yaml(base)
     done: list[dict[str, Any]] = []
     if req.mode == "resume" and (out / "config.yaml").is_file():
-        if _stored_config(out).strip() != config_text.strip():
+        stored = _stored_config(out)
+        if stored.strip() != config_text.strip():
             raise ConfigError(
-                f"--resume {out}: this config differs from the run's config.yaml; resume "
-                "with the same config and overrides (or start a new run)"
+                f"--resume {out}: this config differs from the run's config.yaml in "
+                f"{config_differences(stored, config_text)}; resume with the same config and "
+                "overrides (or start a new run)"
             )
         done = _finished(out)
     outcome = RunOutcome(base, out, records=list(done))

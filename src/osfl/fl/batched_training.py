@@ -102,6 +102,7 @@ class _ClientTally:
         self.correct = torch.zeros((), dtype=torch.int64, device=device)
         self.last = self.loss_sum
         self.seen = self.samples = 0
+        self.num_classes: int | None = None
         self.labels: list[torch.Tensor] = []
 
     def add(self, step: int, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
@@ -113,6 +114,7 @@ class _ClientTally:
             self.final += loss
             self.correct += (logits.argmax(dim=1) == y).sum()
             self.seen += y.shape[0]
+            self.num_classes = logits.shape[-1]
         self.samples += y.shape[0]
         self.labels.append(y)
 
@@ -130,7 +132,10 @@ class _ClientTally:
             first_loss=first_loss,
             final_loss=final_loss,
             train_accuracy=accuracy,
-            warnings=training_health(first_loss, final_loss, accuracy, epochs),
+            warnings=training_health(
+                first_loss, final_loss, accuracy, epochs, num_classes=self.num_classes
+            ),
+            num_classes=self.num_classes,
         )
 
 

@@ -29,6 +29,7 @@ from osfl.fl.training import (
     init_model,
     replay_step_labels,
     report_training_warnings,
+    stats_health,
     train_local,
 )
 
@@ -121,7 +122,7 @@ def train_client(
         log.info("client %d: trained weights from the cache (%s)", ctx.client_id, key[:12])
         _replay_step_labels(cache.aux(key))
         stats = (cache.meta(key) or {}).get("stats") or {}
-        report_training_warnings([str(w) for w in stats.get("warnings") or ()])
+        report_training_warnings(stats_health(stats))
         return model.eval()
     stats = fit(lambda step, x, y: step_labels.append(y.detach()))
     aux = _step_label_aux(step_labels)
@@ -196,6 +197,8 @@ def train_clients_together(
     if run.cache is None:
         return []
     cache, transform, cfg = run.cache, run.train_transform, plan.cfg
+    if plan.select is not None:  # what each client's own turn trains on
+        clients = {c: (ctx, plan.select(ctx, data)) for c, (ctx, data) in clients.items()}
     missing: dict[int, tuple[str, dict[str, Any]]] = {}
     for c, (ctx, data) in clients.items():
         parts = cache_parts(ctx, data, plan.model, cfg, transform)

@@ -16,7 +16,7 @@ method object.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +31,7 @@ from osfl.fl.upload import Message
 from osfl.models import create_model
 
 if TYPE_CHECKING:
+    from osfl.data.imageset import ImageSet
     from osfl.data.transforms import Transform
     from osfl.fl.cache import ClientCache
     from osfl.fl.train_config import TrainConfig
@@ -139,8 +140,12 @@ class SharedTraining:
     the common initial weights) with ``cfg``, the run's augmentation,
     cross-entropy, no objective terms. A method that offers it
     (:class:`osfl.fl.method.SharedTrainingStep`) lets the simulation train the
-    round's clients together (``batch_clients``). Here, beside the other shared
-    types, so that the method contract need not import the training code."""
+    round's clients together (``batch_clients``). ``select``: the part of a
+    client's data it trains on (FENS holds a share out), the same function its
+    own turn applies, so that the batched step stores the entry that turn looks
+    up; ``None``: all of it. Here, beside the other shared types, so that the
+    method contract need not import the training code."""
 
     model: nn.Module
     cfg: TrainConfig
+    select: Callable[[ClientContext, ImageSet], ImageSet] | None = None

@@ -88,8 +88,13 @@ class MethodCard:
     ``train_defaults``: the method's own local-training defaults over the run's
     ``train`` (e.g. ``fafi_code``'s gradient clipping); ``method_train.<name>``
     overrides them. The assembly resolves the recipe once (``train_recipe``);
-    a method reads ``self.run.train``."""
+    a method reads ``self.run.train``. ``summary``: one line for users (``osfl
+    list``: what the method does, in their words, not its implementation);
+    ``paper``: the work it follows (authors, venue, year), or ``""`` for an
+    osfl baseline. Every registered method states its own (tested)."""
 
+    summary: str = ""
+    paper: str = ""
     regime: str = "scratch"
     uploads: str = "weights"
     one_shot: bool = True
@@ -314,6 +319,17 @@ def rounds_of(method: Method) -> int:
     """The method's communication rounds (1 without :class:`MultiRound`)."""
     multi = capability(method, MultiRound)
     return 1 if multi is None else multi.rounds
+
+
+def default_rounds(cls: type[Method]) -> int:
+    """The rounds a method class runs with its default options (``osfl list``):
+    its :class:`MultiRound` ``rounds`` read on a stand-in that holds only the
+    default ``Config`` (``rounds`` reads nothing else)."""
+    if not issubclass(cls, MultiRound):
+        return 1
+    stand_in = object.__new__(cls)
+    stand_in.config = cls.Config()
+    return int(stand_in.rounds)
 
 
 def sample_clients(

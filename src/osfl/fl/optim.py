@@ -37,14 +37,23 @@ class OptimConfig:
     decay at each third of training).
     """
 
+    #: sgd, sgdm (with momentum), nesterov, adam or adamw
     optimizer: str = "sgd"
+    #: base learning rate
     lr: float = 0.01
+    #: momentum of sgdm and nesterov (sgd, adam and adamw ignore it)
     momentum: float = 0.9
+    #: L2 weight decay (decoupled for adamw)
     weight_decay: float = 0.0
+    #: learning-rate schedule over the optimizer steps: constant, cosine, warmup_cosine or step
     schedule: str = "constant"
+    #: steps of linear warm-up before the schedule (0: none)
     warmup_steps: int = 0
+    #: steps between decays of the step schedule (null: decay at each third of training)
     step_size: int | None = None
+    #: decay factor of the step schedule
     gamma: float = 0.1
+    #: clip the gradient norm to this value (null: no clipping)
     grad_clip: float | None = None
 
     def __post_init__(self) -> None:

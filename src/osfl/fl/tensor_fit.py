@@ -42,13 +42,21 @@ class FitConfig:
     the epoch with the ``lowest_loss`` (mean training loss; FALCON's authors
     keep their generator this way)."""
 
+    #: passes over the training tensors
     epochs: int = 60
+    #: samples per step
     batch_size: int = 256
+    #: adam, adamw, sgd, ... (the names of train.optimizer)
     optimizer: str = "adam"
+    #: learning rate
     lr: float = 5e-4
+    #: weight decay
     weight_decay: float = 0.0
+    #: learning-rate schedule per step (constant, cosine, ...)
     schedule: str = "constant"
+    #: clip the gradient norm to this value (null: no clipping)
     grad_clip: float | None = None
+    #: the weights left at the end: the last epoch's, or the lowest_loss epoch's
     keep: str = "last"
 
     def __post_init__(self) -> None:

@@ -52,6 +52,7 @@ class EnsemblePredictor(Predictor):
 class EnsembleConfig:
     """``weighting``: ``uniform`` (the papers' default) or ``data_size``."""
 
+    #: how the clients' outputs are averaged: uniform or data_size (by their sample counts)
     weighting: str = "uniform"
 
     def __post_init__(self) -> None:
@@ -63,6 +64,11 @@ class Ensemble(ClientModelsMethod, SiteEvaluation):
     Config: ClassVar[type] = EnsembleConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         ClientModelsMethod.card,
+        summary=(
+            "Keeps every client's model and predicts with the mean of their softmax outputs (K "
+            "models to run)."
+        ),
+        paper='Guha et al., "One-Shot Federated Learning", 2019',
         default_run=True,
         default_order=2,
     )

@@ -68,8 +68,11 @@ class FedAvgConfig:
     the run's recipe (``train.*``; ``method_train.fedavg.epochs`` for FedAvg's
     clients alone)."""
 
+    #: communication rounds (1: one-shot)
     rounds: int = 1
+    #: share of the clients sampled each round
     client_fraction: float = 1.0
+    #: how the server averages the clients: data_size (by sample counts) or uniform
     weighting: str = "data_size"
 
     def __post_init__(self) -> None:
@@ -85,7 +88,19 @@ class FedAvg(Method, MultiRound, Screening, SecureAggregation, SharedTrainingSte
     """Server state: the global state dict (CPU tensors)."""
 
     Config: ClassVar[type] = FedAvgConfig
-    card: ClassVar[MethodCard] = MethodCard(default_run=True, default_order=1, server_rule=True)
+    card: ClassVar[MethodCard] = MethodCard(
+        summary=(
+            "Averages the clients' trained weights, weighted by data size; one round by default "
+            "(one-shot FedAvg)."
+        ),
+        paper=(
+            'McMahan et al., "Communication-Efficient Learning of Deep Networks from '
+            'Decentralized Data", AISTATS 2017'
+        ),
+        default_run=True,
+        default_order=1,
+        server_rule=True,
+    )
 
     @property
     def rounds(self) -> int:
@@ -183,6 +198,7 @@ class FedProxConfig(FedAvgConfig):
     """FedAvg's options plus the proximal weight ``mu``; multi-round by default."""
 
     rounds: int = 10
+    #: weight of the proximal term that pulls each client toward the round's global model
     mu: float = 0.01
 
     def __post_init__(self) -> None:
@@ -198,6 +214,11 @@ class FedProx(FedAvg):
     Config: ClassVar[type] = FedProxConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         FedAvg.card,
+        summary=(
+            "FedAvg whose clients are pulled toward the global model by a proximal term, for "
+            "non-IID data."
+        ),
+        paper='Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020',
         one_shot=False,
         default_run=False,
         default_order=10,

@@ -2,7 +2,7 @@
 
 Guan, Zhou & Gu, "Capture Global Feature Statistics for One-Shot Federated
 Learning" (AAAI 2025, the method FedCGS; code
-github.com/Yuqin-G/FedCGS, ``main_fedcgs.py`` / ``utils_fl.eval_lda``), a
+github.com/Yuqin-G/FedCGS, ``main_fedcgs.py`` / ``utils_fl.eval``), a
 FALCON baseline (Liu et al., 2025, Table 2). Each client runs the frozen
 encoder (:mod:`osfl.methods.frozen`) over its images and uploads, in
 float64, its per-class feature sums S_c, per-class counts n_c and the
@@ -76,8 +76,11 @@ MAX_STATISTIC = 1e100
 class FedCGSConfig:
     """FedCGS's options (see docs/methods/fedcgs.md)."""
 
+    #: ridge added to the covariance before it is inverted
     shrinkage: float = 1e-4
+    #: covariance of the Gaussian head: total (FedCGS) or within (textbook LDA)
     covariance: str = "total"
+    #: how the frozen encoder runs
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
 
     def __post_init__(self) -> None:
@@ -195,7 +198,16 @@ class FedCGS(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting):
 
     Config: ClassVar[type] = FedCGSConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
-        FrozenEncoderMethod.card, smoke=TINY_VIT_SMOKE
+        FrozenEncoderMethod.card,
+        summary=(
+            "Clients of a frozen encoder send feature sums; the server writes a closed-form "
+            "Gaussian (LDA) classifier."
+        ),
+        paper=(
+            'Guan, Zhou & Gu, "FedCGS: Leverage Feature Compression for Conditional Gaussian '
+            'Sampling in One-shot Federated Learning", 2025'
+        ),
+        smoke=TINY_VIT_SMOKE,
     )
 
     config: FedCGSConfig

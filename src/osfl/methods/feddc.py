@@ -32,8 +32,11 @@ class FedDCConfig(SchemeConfig):
     gradient correction (the paper's ablations); ``alpha = 0`` with both off is
     FedAvg."""
 
+    #: weight of the drift penalty
     alpha: float = 0.01
+    #: keep and apply each client's drift variable (false: an ablation)
     drift: bool = True
+    #: apply the gradient correction (false: an ablation)
     correction: bool = True
 
     def __post_init__(self) -> None:
@@ -49,6 +52,11 @@ class FedDC(StatefulScheme):
     Config: ClassVar[type] = FedDCConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         StatefulScheme.card,
+        summary="FedAvg whose clients track their drift from the global model and correct for it.",
+        paper=(
+            'Gao et al., "FedDC: Federated Learning with Non-IID Data via Local Drift Decoupling '
+            'and Correction", CVPR 2022'
+        ),
         default_order=23,
         smoke=("method.feddc.rounds=2",),
     )

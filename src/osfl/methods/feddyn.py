@@ -35,6 +35,7 @@ class FedDynConfig(SchemeConfig):
     """``alpha``: the dynamic-regulariser weight; 0.01 is the authors' code
     default (the paper searches {0.1, 0.01, 0.001}). ``alpha = 0`` is FedAvg."""
 
+    #: weight of the dynamic regulariser (0: FedAvg)
     alpha: float = 0.01
 
     def __post_init__(self) -> None:
@@ -50,6 +51,11 @@ class FedDyn(StatefulScheme):
     Config: ClassVar[type] = FedDynConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         StatefulScheme.card,
+        summary=(
+            "FedAvg with a dynamic regulariser that aligns each client's optimum with the global "
+            "one."
+        ),
+        paper='Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2021',
         default_order=22,
         smoke=("method.feddyn.rounds=2",),
     )

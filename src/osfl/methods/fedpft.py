@@ -73,14 +73,23 @@ def _server_fit() -> FitConfig:
 @dataclass(frozen=True)
 class FedPFTConfig:
     """FedPFT's options (see docs/methods/fedpft.md). ``tol``/``max_iter``:
-    EM stopping as the Flower baseline (1e-12, 1000 iterations)."""
+    EM stopping as the Flower baseline's ``learn_gmm`` defaults (1e-12, 1000
+    iterations; its strategy config passes 10000)."""
 
+    #: Gaussian components per class and client
     components: int = 20
+    #: classes with fewer samples than components: fewer (fit fewer components) or drop (the
+    #: official code)
     small_classes: str = "fewer"
+    #: variance floor of the mixtures
     reg_covar: float = 1e-6
+    #: EM convergence tolerance
     tol: float = 1e-12
+    #: most EM iterations
     max_iter: int = 1000
+    #: how the server trains the head on sampled features
     server_fit: FitConfig = field(default_factory=_server_fit)
+    #: how the frozen encoder runs
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
 
     def __post_init__(self) -> None:
@@ -185,6 +194,14 @@ class FedPFT(FrozenEncoderMethod, SiteEvaluation, Reporting):
     Config: ClassVar[type] = FedPFTConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         FrozenEncoderMethod.card,
+        summary=(
+            "Clients of a frozen encoder send per-class Gaussian mixtures of their features; the "
+            "server trains a head on samples."
+        ),
+        paper=(
+            'Beitollahi et al., "Parametric Feature Transfer: One-shot Federated Learning with '
+            'Foundation Models", 2024'
+        ),
         smoke=(
             *TINY_VIT_SMOKE,
             "method.fedpft.components=3",

@@ -220,26 +220,45 @@ class IntactOFLConfig:
     extras ``balance_weight`` and ``ods_eps`` (at ``ods_temperature``);
     ``weighting`` of the plain ensemble E; ``count_flops`` per server phase."""
 
+    #: the gate network: mlp or linear
     gate: str = "mlp"
+    #: hidden width of the mlp gate
     gate_hidden: int = 256
+    #: experts (client models) each input is routed to (null: all)
     top_k: int | None = None
+    #: server rounds of synthesis and gate training
     epochs: int = 40
+    #: images synthesised per round
     synthesis_batch_size: int = 128
+    #: the image generator and its training per round
     generator: GeneratorConfig = field(
         default_factory=lambda: GeneratorConfig(steps=20, augment="none", grad_clip=10.0)
     )
+    #: weight of the generator's BatchNorm-statistics term
     bn_weight: float = 1.0
+    #: weight of the generator's cross-entropy term
     oh_weight: float = 1.0
+    #: weight of the generator's adversarial term
     adv_weight: float = 1.0
+    #: temperature of the adversarial term
     adv_temperature: float = 3.0
+    #: weight of the paper's diversity term (0: off, as the code)
     diversity_weight: float = 0.0
+    #: the gate's optimiser and loss
     distill: DistillConfig = field(default_factory=_gate_recipe)
+    #: weight of the expert-balance term of the gate's loss
     balance_weight: float = 0.01
+    #: size of the output-diversified perturbation of pool images (0: off)
     ods_eps: float = 0.0
+    #: temperature of that perturbation
     ods_temperature: float = 4.0
+    #: augmentation of pool images during gate training: none, flip or crop_flip
     augment: str = "crop_flip"
+    #: cap on the synthetic pool, oldest first out (null: keep all)
     pool_size: int | None = None
+    #: weights of the plain client ensemble: uniform or data_size
     weighting: str = "uniform"
+    #: count FLOPs per server phase into the record (slower)
     count_flops: bool = False
 
     def __post_init__(self) -> None:
@@ -282,6 +301,11 @@ class IntactOFL(DistillationMethod):
     Config: ClassVar[type] = IntactOFLConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         DistillationMethod.card,
+        summary=(
+            "Keeps the client models intact as experts; a gate trained on synthetic images routes "
+            "each input to them."
+        ),
+        paper='Zeng et al., "One-Shot-but-not-Degraded Federated Learning", ACM MM 2024',
         smoke=(
             "method.intactofl.epochs=3",
             "method.intactofl.synthesis_batch_size=32",

@@ -30,6 +30,10 @@ class Local(ClientModelsMethod):
     Config: ClassVar[type] = LocalConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         ClientModelsMethod.card,
+        summary=(
+            "Each client keeps its own model; reports the mean accuracy of the clients' models "
+            "(the floor)."
+        ),
         default_run=True,
         default_order=0,
     )

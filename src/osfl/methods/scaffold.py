@@ -69,7 +69,9 @@ class ScaffoldConfig(SchemeConfig):
     choice, used in its experiments), ``"I"`` or ``"none"`` (no update: FedAvg).
     ``server_lr``: the global step ``eta_g`` (1 in the paper's experiments)."""
 
+    #: control-variate update: II (the paper's experiments), I, or none (FedAvg)
     option: str = "II"
+    #: the server's global step size
     server_lr: float = 1.0
 
     def __post_init__(self) -> None:
@@ -86,6 +88,13 @@ class Scaffold(StatefulScheme):
     Config: ClassVar[type] = ScaffoldConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         StatefulScheme.card,
+        summary=(
+            "FedAvg with control variates that correct the drift of each client's local steps."
+        ),
+        paper=(
+            'Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated '
+            'Learning", ICML 2020'
+        ),
         default_order=21,
         smoke=("method.scaffold.rounds=2",),
     )

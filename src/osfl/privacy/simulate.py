@@ -25,7 +25,7 @@ from osfl.errors import ConfigError
 from osfl.fl.objectives import ObjectiveTerm
 from osfl.fl.observation import Observation, observe
 from osfl.fl.train_config import TrainConfig
-from osfl.fl.training import train_local
+from osfl.fl.training import train_local, training_scope
 
 #: Transforms an update (local − global state, float tensors) before upload: a defence.
 UpdateHook = Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]
@@ -71,16 +71,17 @@ def simulate_observation(
     local = copy.deepcopy(model)
     labels: list[torch.Tensor] = []
     gen = torch.Generator().manual_seed(seed)
-    train_local(
-        local,
-        data,
-        train,
-        transform=transform,
-        device=device,
-        generator=gen,
-        terms=terms,
-        on_batch=lambda step, x, y: labels.append(y.detach().cpu()),
-    )
+    with training_scope(round, multi_round=True):  # one observed round of an FL scheme
+        train_local(
+            local,
+            data,
+            train,
+            transform=transform,
+            device=device,
+            generator=gen,
+            terms=terms,
+            on_batch=lambda step, x, y: labels.append(y.detach().cpu()),
+        )
     local_state = {k: v.detach().cpu().clone() for k, v in local.state_dict().items()}
     if update_hook is not None:
         delta = {

@@ -65,13 +65,32 @@ def check_seed(seed: Any) -> int:
     return int(seed)
 
 
+#: Data folders the shipped configs read as ``${oc.env:VAR,default}``: the
+#: variable that names each, and its default folder (README, "Set-up").
+DATA_FOLDER_VARS = {"OSFL_CIFAR10": ("CIFAR-10", "data/cifar10")}
+
+
 def check_dir(path: str | os.PathLike[str], what: str) -> Path:
     p = Path(path).expanduser()
     if not str(path):
         raise DataError(f"{what}: no directory given; write the spec as '<source>:<dir>'")
     if not p.is_dir():
-        raise DataError(f"{what}: directory {str(p)!r} does not exist; check the path in the spec")
+        raise DataError(f"{what}: directory {str(p)!r} does not exist; {_where_to_fix(p)}")
     return p
+
+
+def _where_to_fix(p: Path) -> str:
+    """How to point a missing data folder at the data: the environment
+    variable a shipped config reads it from, or the path in the spec."""
+    for var, (name, default) in DATA_FOLDER_VARS.items():
+        if os.environ.get(var) and Path(os.environ[var]).expanduser() == p:
+            return f"{var} names it: set {var} to your {name} image folder"
+        if p == Path(default):
+            return (
+                f"set {var} to your {name} image folder (train/<class>/, test/<class>/), or "
+                f"link it to {default} (README, Set-up)"
+            )
+    return "check the path in the spec"
 
 
 # --------------------------------------------------------------------------- tensors

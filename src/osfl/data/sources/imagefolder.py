@@ -150,13 +150,23 @@ def _scan_classes(root: Path, top: list[str]) -> _Listing:
 
 
 def _check_listing(root: Path, listing: _Listing) -> None:
-    """A folder with no images, or images of one class only, is a layout
-    mistake: say which layouts are understood."""
+    """A folder with no images, a class folder without (training) images, or
+    images of one class only, is a layout mistake: say what to fix."""
     files = listing.files
     if not files:
         raise DataError(
             f"no image files under {str(root)!r}; expected train/<class>/*, test/<class>/*, "
             f"<domain>/<class>/* or <class>/* with extensions {sorted(IMAGE_EXTENSIONS)}"
+        )
+    train = listing.labels if listing.is_test is None else listing.labels[~listing.is_test]
+    counts = np.bincount(train, minlength=len(listing.classes))
+    empty = [c for c, n in zip(listing.classes, counts.tolist(), strict=True) if n == 0]
+    if empty:
+        where = "train/" if listing.is_test is not None else ""
+        raise DataError(
+            f"{str(root)!r}: class folder(s) {where}{', '.join(empty[:5])} hold no "
+            f"{'training ' if where else ''}images (extensions {sorted(IMAGE_EXTENSIONS)}); "
+            "an empty folder would be a class no client can learn: add images or remove it"
         )
     used = sorted({listing.classes[i] for i in listing.labels.tolist()})
     if len(used) < 2:

@@ -16,9 +16,9 @@ import torch
 
 from osfl.errors import UploadError
 from osfl.fl.context import ClientContext, ClientState
-from osfl.fl.method import Method, keeps_client_state
+from osfl.fl.method import Method, keeps_client_state, rounds_of
 from osfl.fl.seeds import derive_seed
-from osfl.fl.training import collect_training_warnings, record_step_labels
+from osfl.fl.training import collect_training_warnings, record_step_labels, training_scope
 from osfl.fl.upload import Broadcast
 
 if TYPE_CHECKING:
@@ -91,7 +91,11 @@ def run_client(
     ctx = client_context(run, client=client, round=round, seed=seed, state=state)
     broadcast = Broadcast.from_bytes(payload, client=client)
     try:
-        with record_step_labels() as steps, collect_training_warnings() as warnings:
+        with (
+            record_step_labels() as steps,
+            collect_training_warnings() as warnings,
+            training_scope(round, multi_round=rounds_of(method) > 1),
+        ):
             upload = method.client_update(ctx, broadcast, data).to_bytes()
         _check_state_declared(method, ctx.state)
         new_state = ctx.state.to_bytes()

@@ -23,13 +23,14 @@ import torch
 from osfl.errors import ConfigError
 from osfl.fl.client_training import train_clients_together
 from osfl.fl.context import ClientState
-from osfl.fl.method import SharedTrainingStep, capability
+from osfl.fl.method import SharedTrainingStep, capability, rounds_of
 from osfl.fl.observers import Observer
 from osfl.fl.progress import ProgressTask
 from osfl.fl.runtime.base import Evaluator, Job, PartitionedData, RunResult
 from osfl.fl.runtime.client import ClientTurn, client_context, run_client
 from osfl.fl.runtime.rounds import ClientTransport, RoundLoop
 from osfl.fl.runtime.sites import SiteScore
+from osfl.fl.training import training_scope
 from osfl.fl.upload import Broadcast
 
 if TYPE_CHECKING:
@@ -69,7 +70,8 @@ class InProcessClients(ClientTransport):
             )
             for c in clients
         }
-        train_clients_together(plan, contexts)
+        with training_scope(round, multi_round=rounds_of(job.method) > 1):
+            train_clients_together(plan, contexts)
 
     def turn(self, c: int, r: int, payload: bytes) -> ClientTurn:
         job = self.job

@@ -17,8 +17,9 @@ Flower 1.41 reads it (``flwr/supernode/cli/flower_supernode.py``:
 OpenSSH format, like ``ssh-keygen -t ecdsa -b 384 -N ""``.
 
 Run as ``python -m osfl.flower.app.certs DIR [--host H ...] [--node-keys N]``
-(mounted by the CLI as ``osfl flower certs``); it prints the flags to start
-``flower-superlink`` and ``flower-supernode`` with. See
+(mounted by the CLI as ``osfl flower certs``); it prints the commands that
+start a SuperLink and its SuperNodes with them, register the node keys and
+run a job: a bash script that runs as printed on one machine, offline. See
 ``docs/flower-security.md``. Reference: Flower docs, "Enable TLS connections"
 and "Authenticate SuperNodes", https://flower.ai/docs/framework/.
 """
@@ -49,8 +50,14 @@ SERVER_CERT = "server.pem"
 SERVER_KEY = "server.key"
 DEFAULT_HOSTS = ("127.0.0.1", "localhost")
 DEFAULT_DAYS = 30
-#: ``flower-superlink``'s default port in Flower 1.41 (Fleet, Control and Runtime APIs).
-FLOWER_PORT = 8000
+#: The SuperLink port the printed commands use (Fleet, Control and Runtime APIs on one
+#: HTTP port in Flower 1.41, whose own default is 8000); docs/flower.md uses it too.
+FLOWER_PORT = 9093
+#: SuperNode ``i`` of the printed commands serves its ClientApp API on this port + ``i``
+#: (nodes sharing a machine need different ports; Flower's default is 9094 for all).
+NODE_PORT = 9100
+#: The ``flwr`` CLI connection the printed commands write and use.
+CONNECTION = "osfl-tls"
 #: Certificates start this long before "now", so that a machine whose clock is
 #: a little behind the one that made them still accepts them.
 CLOCK_SKEW = datetime.timedelta(minutes=5)
@@ -298,6 +305,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also make N SuperNode key pairs (supernode-0 .. supernode-N-1) for "
         "SuperNode authentication",
     )
+    parser.add_argument(
+        "--port",
+        type=int,
+        default=FLOWER_PORT,
+        help="the SuperLink port the printed commands use (default: %(default)s)",
+    )
     parser.add_argument("--overwrite", action="store_true", help="replace files that already exist")
 
 
@@ -312,32 +325,68 @@ def run(args: argparse.Namespace) -> int:
         make_node_keys(paths.ca_cert.parent, f"supernode-{i}", overwrite=args.overwrite)
         for i in range(args.node_keys)
     ]
-    link = f"{_addr(hosts[0])}:{FLOWER_PORT}"
+    sys.stdout.write("\n".join(start_commands(paths, keys, hosts, args.days, args.port)) + "\n")
+    return 0
+
+
+def start_commands(
+    paths: CertPaths,
+    keys: Sequence[NodeKeyPaths],
+    hosts: Sequence[str],
+    days: int,
+    port: int = FLOWER_PORT,
+) -> list[str]:
+    """What ``osfl flower certs`` prints: which files it wrote, then a bash
+    script that, as printed and offline, starts a SuperLink with TLS (and node
+    authentication with ``keys``), writes the ``flwr`` CLI's connection in a
+    Flower home of its own, registers the keys, starts one SuperNode per key
+    (three without keys), each on its own port, and runs a FedAvg job."""
+    paths = CertPaths(*(p.resolve() for p in (paths.ca_cert, paths.server_cert, paths.server_key)))
+    ca, tls = paths.ca_cert, paths.ca_cert.parent
+    n = len(keys) or 3
+    link = f"{_addr(hosts[0])}:{port}"
+    auth = " --enable-supernode-auth" if keys else ""
+    flags = " ".join(paths.superlink_flags())
+    made = f" and {len(keys)} SuperNode key pairs (supernode-<i>, .pub)" if keys else ""
     out = [
-        f"wrote {paths.ca_cert}, {paths.server_cert}, {paths.server_key}",
-        f"(valid {args.days} days for {', '.join(hosts)}; SuperNodes must reach the "
-        "SuperLink by one of these names)",
+        f"wrote {ca}, {paths.server_cert}, {paths.server_key}{made}",
+        f"(valid {days} days for {', '.join(hosts)}; SuperNodes must reach the SuperLink by one "
+        "of these names)",
         "",
-        "SuperLink (add --host 0.0.0.0 to listen beyond this machine):",
-        f"  flower-superlink {' '.join(paths.superlink_flags())}"
-        f"{' --enable-supernode-auth' if keys else ''} --port {FLOWER_PORT}",
-        f"SuperNode (copy {paths.ca_cert.name} to its machine):",
-        f"  flower-supernode --superlink {link} {' '.join(paths.supernode_flags())} "
-        '--node-config "partition-id=<i> num-partitions=<n>"',
-        "flwr CLI ($FLWR_HOME/config.toml: root-certificates instead of insecure = true):",
-        "  [superlink.<name>]",
-        f'  address = "{link}"',
-        f'  root-certificates = "{paths.ca_cert}"',
+        "# The commands below run as printed, on this machine and offline. Across machines:",
+        "# start the SuperLink with --host 0.0.0.0, and give each site a copy of "
+        f"{CA_CERT} and its own",
+        "# private key (nothing else) for its SuperNode's command.",
+        f"export FLWR_HOME={tls / 'flwr-home'}  # flwr's settings here: ~/.flwr is not touched",
+        "# 1. the SuperLink (TLS" + (", node authentication)" if keys else ")"),
+        f"flower-superlink {flags}{auth} --disable-runtime-dependency-installation --port {port} &",
+        f'# 2. the flwr CLI\'s connection "{CONNECTION}", then wait for the SuperLink',
+        'mkdir -p "$FLWR_HOME" && cat > "$FLWR_HOME/config.toml" <<EOF',
+        "[superlink]",
+        f'default = "{CONNECTION}"',
+        "",
+        f"[superlink.{CONNECTION}]",
+        f'address = "{link}"',
+        f'root-certificates = "{ca}"',
+        "EOF",
+        f"for t in $(seq 60); do flwr ls {CONNECTION} >/dev/null 2>&1 && break; sleep 1; done",
     ]
     if keys:
-        out += ["", "SuperNode keys: register each public key, then start its node with its key:"]
-        for k in keys:
-            out += [
-                f"  flwr supernode register {k.public_key} <name>",
-                f"  flower-supernode ... --auth-supernode-private-key {k.private_key}",
-            ]
-    sys.stdout.write("\n".join(out) + "\n")
-    return 0
+        out.append("# 3. register each SuperNode's public key (prints the node id it gets)")
+        out += [f"flwr supernode register {k.public_key.resolve()} {CONNECTION}" for k in keys]
+    out.append("# 4. the SuperNodes; on one machine each needs its own --port (its ClientApp API)")
+    for i in range(n):
+        key = f" --auth-supernode-private-key {keys[i].private_key.resolve()}" if keys else ""
+        out.append(
+            f"flower-supernode --superlink {link} --root-certificates {ca}{key} "
+            f'--port {NODE_PORT + i} --node-config "partition-id={i} num-partitions={n}" &'
+        )
+    out += [
+        f"# 5. an app for {n} clients and one FedAvg run (stop the processes afterwards: kill %1 ...)",
+        f"python -m osfl.flower.app ./osfl-app --method fedavg --override partition.num_clients={n}",
+        f"flwr run ./osfl-app {CONNECTION} --stream",
+    ]
+    return out
 
 
 def _addr(host: str) -> str:

@@ -57,6 +57,13 @@ log = logging.getLogger(__name__)
 
 HOST = "127.0.0.1"
 CONNECTION = "osfl-local"
+#: The colour codes Flower's logger writes whatever its output is (Flower 1.41).
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def plain(text: str) -> str:
+    """``text`` without Flower's colour codes."""
+    return ANSI.sub("", text)
 
 
 def free_port(host: str = HOST) -> int:
@@ -82,7 +89,7 @@ def wait_for_port(port: int, timeout: float, proc: subprocess.Popen[bytes], log_
 
 def _tail(path: Path, lines: int = 30) -> str:
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return "\n".join(plain(path.read_text(errors="replace")).splitlines()[-lines:])
     except OSError:
         return ""
 

@@ -24,10 +24,8 @@ from typing import Any
 
 from osfl import jsonio
 from osfl.errors import ConfigError, DataError, OsflError
-from osfl.flower.app.local import flower_bin, json_tail
+from osfl.flower.app.local import flower_bin, json_tail, plain
 
-#: ANSI colour codes Flower's CLI writes (stripped before reading its output).
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STARTED = re.compile(r"Successfully started run (\d+)")
 
 
@@ -39,7 +37,7 @@ class RunFailed(OsflError):
 
 def started_run_id(output: str) -> int | None:
     """The run id ``flwr run`` printed, if it started one."""
-    found = _STARTED.search(_ANSI.sub("", output))
+    found = _STARTED.search(plain(output))
     return int(found.group(1)) if found else None
 
 
@@ -47,7 +45,7 @@ def run_status(superlink: str, run_id: int) -> dict[str, Any]:
     """The run's row of ``flwr ls SUPERLINK --run-id ID --format json``."""
     cmd = [flower_bin("flwr"), "ls", superlink, "--run-id", str(run_id), "--format", "json"]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    doc = json_tail(_ANSI.sub("", done.stdout))
+    doc = json_tail(plain(done.stdout))
     runs = doc.get("runs")
     if done.returncode != 0 or not isinstance(runs, list) or not runs:
         raise ConfigError(f"flwr ls found no run {run_id} on {superlink}: {doc}")
@@ -69,8 +67,9 @@ def flower_run(app: str, superlink: str, flwr_args: list[str]) -> int:
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     seen = []
+    terminal = sys.stdout.isatty()
     for line in proc.stdout:
-        sys.stdout.write(line)
+        sys.stdout.write(line if terminal else plain(line))  # a file gets no colour codes
         seen.append(line)
     proc.wait()
     run_id = started_run_id("".join(seen))

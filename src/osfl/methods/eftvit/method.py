@@ -99,13 +99,22 @@ class EFTViTConfig:
     ``method_train.eftvit.*`` for EFTViT alone).
     """
 
+    #: communication rounds
     rounds: int = 100
+    #: share of the clients sampled each round
     client_fraction: float = 0.1
+    #: share of each image's patches a client masks out while training its local module
     mask_ratio: float = 0.75
+    #: ViT blocks in each client's private local module (the rest is the shared global module)
     local_depth: int = 2
+    #: quantile of the per-class feature counts that the server's class-balanced sampling targets
+    #: (0.5: the median)
     threshold_quantile: float = 0.5
+    #: pad the classes still below that target by resampling their features
     pad: bool = True
+    #: send the server's classifier head to the clients with the global module
     broadcast_head: bool = True
+    #: the server's training recipe for the global module
     server: ServerTrainConfig = field(default_factory=ServerTrainConfig)
 
     def __post_init__(self) -> None:
@@ -169,6 +178,14 @@ class EFTViT(Method, MultiRound, KeepsClientState, Screening, SiteEvaluation, Re
     """Hierarchical FL of a ViT: private masked-trained local modules, a global
     module trained on the server from median-sampled patch features."""
     card: ClassVar[MethodCard] = MethodCard(
+        summary=(
+            "Clients train private front blocks of a ViT on masked images; the server trains the "
+            "shared back blocks."
+        ),
+        paper=(
+            '"EFTViT: Efficient Federated Training of Vision Transformers with Masked Images on '
+            'Resource-Constrained Clients"'
+        ),
         regime="pretrained",
         uploads="features",
         one_shot=False,

@@ -34,8 +34,11 @@ class ServerTrainConfig(OptimConfig):
     optimizer: str = "adamw"
     lr: float = 1e-4
     weight_decay: float = 0.05
+    #: server epochs over each round's uploaded features
     epochs: int = 1
+    #: features per server step
     batch_size: int = 32
+    #: bf16 autocast on CUDA (no effect on CPU)
     amp: bool = True
 
     def __post_init__(self) -> None:

@@ -43,18 +43,34 @@ class FAFIConfig:
     (method ``fafi_code``).
     """
 
+    #: the clients' SALT loss
     loss: SaltLoss = field(default_factory=SaltLoss)
+    #: augmentation pipeline of the two views each client trains on (simclr, crop_flip, flip, none)
     augment: str = "simclr"
+    #: area range of the simclr pipeline's random resized crop
     crop_scale: tuple[float, float] = (0.2, 1.0)
+    #: what a client sends as class prototypes: learned, head, class_mean, or auto (from the loss
+    #: weights)
     prototypes: str = "auto"
+    #: feature size after a projection (null: the backbone's own; needed to fuse different
+    #: architectures)
     feature_dim: int | None = None
+    #: standard deviation of the prototypes' common random initialisation
     proto_init_std: float = 1.0
+    #: prototype rows a client trains: all, or held (only the classes it holds)
     proto_update: str = "all"
+    #: per-client architectures, cycled over the clients (empty: every client uses model.name)
     models: list[str] = field(default_factory=list)
+    #: keyword arguments per architecture named in models ({arch: {key: value}})
     model_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: how the server fuses the clients' features: iffi (noise-weighted), average, data_size or
+    #: params
     fusion: str = "iffi"
+    #: how fused features are scored against the prototypes: cosine or unit_feature
     scoring: str = "cosine"
+    #: the noise images IFFI weights the clients' features with
     noise: NoiseSpec = field(default_factory=NoiseSpec)
+    #: L2-normalise each client's feature before fusing
     normalize_features: bool = False
 
     def __post_init__(self) -> None:

@@ -21,7 +21,14 @@ training samples, the public code's ``WEnsembleFeature`` (with
 ``fusion="median"`` (not in the paper) is the robust variant: the
 coordinate-wise median of the clients' features and of their prototypes, so
 one hostile extractor (sign-flipped or boosted weights that pass every
-screen) moves neither far (docs/robustness.md).
+screen) moves neither far (docs/robustness.md). A prototype row is a median
+only where it can be one: a class with at least :data:`MEDIAN_MIN_HOLDERS`
+(3) holders (clients with a non-zero row) gets the median over them, which
+one hostile holder cannot drag outside the honest rows' range. With one or
+two holders a median is no defence (the median of two rows is their mean:
+an attacker that sends a row for every class flips a class one honest client
+holds), so such a class gets the mean of its holders, is *not* protected,
+and is named in a warning.
 
 Scoring (``SCORINGS``): ``cosine`` is Eq. 10; ``unit_feature`` is the public
 code's ``eval_with_proto``: the normalised fused feature · the *raw* mean
@@ -30,6 +37,7 @@ prototypes, so a prototype's norm acts as a per-class logit scale.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,7 +50,11 @@ from osfl.errors import ConfigError
 from osfl.fl.method import Predictor
 
 FUSIONS = ("iffi", "average", "data_size", "median")
+#: Holders a class needs before its prototype is a median (below: their mean).
+MEDIAN_MIN_HOLDERS = 3
 SCORINGS = ("cosine", "unit_feature")
+
+log = logging.getLogger(__name__)
 
 
 def global_prototypes(prototypes: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -53,18 +65,31 @@ def global_prototypes(prototypes: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def median_prototypes(prototypes: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Per class, the coordinate-wise median over the clients whose row is
-    non-zero (a class no client holds keeps a zero row): ``fusion="median"``."""
+    """``fusion="median"``'s prototypes: per class, the coordinate-wise median
+    over the clients whose row is non-zero when there are at least
+    :data:`MEDIAN_MIN_HOLDERS` of them, else their mean (not protected; a
+    warning names the classes); a class no client holds keeps a zero row."""
     if not prototypes:
         raise ValueError("no client prototypes to aggregate")
     stack = torch.stack([p.float() for p in prototypes])  # M×C×D
     present = stack.abs().sum(-1) > 0  # M×C
-    rows = [
-        torch.quantile(stack[present[:, c], c], 0.5, dim=0)
-        if bool(present[:, c].any())
-        else stack.new_zeros(stack.shape[-1])
-        for c in range(stack.shape[1])
-    ]
+    rows, unprotected = [], []
+    for c in range(stack.shape[1]):
+        held = stack[present[:, c], c]
+        if len(held) >= MEDIAN_MIN_HOLDERS:
+            rows.append(torch.quantile(held, 0.5, dim=0))
+        elif len(held):
+            rows.append(held.mean(0))
+            unprotected.append(c)
+        else:
+            rows.append(stack.new_zeros(stack.shape[-1]))
+    if unprotected:
+        log.warning(
+            "fusion=median: classes %s have fewer than %d holders, so their prototypes are "
+            "the holders' mean and one hostile client can move them",
+            unprotected,
+            MEDIAN_MIN_HOLDERS,
+        )
     return torch.stack(rows)
 
 
@@ -102,9 +127,13 @@ class NoiseSpec:
     server needs no knowledge of the evaluation resolution.
     """
 
+    #: mean of the Gaussian noise images
     mean: float = 0.0
+    #: standard deviation of the noise images
     std: float = 1.0
+    #: noise images drawn (each client's noise feature is their mean)
     samples: int = 1
+    #: seed of the noise draw (null: derived from the run seed)
     seed: int | None = None
 
     def __post_init__(self) -> None:

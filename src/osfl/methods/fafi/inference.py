@@ -37,7 +37,7 @@ def server_prototypes(config: FAFIConfig, clients: Mapping[int, Mapping[str, Any
     """``P_g`` from the clients' uploads: their mean (Algorithm 1), the mean over
     the clients that hold a class (class-mean prototypes), or the median."""
     protos = [clients[c]["prototypes"] for c in sorted(clients)]
-    if config.fusion == "median":  # robust: one hostile client cannot drag a row
+    if config.fusion == "median":  # robust for classes with >= 3 holders (median_prototypes)
         return median_prototypes(protos)
     if config.prototype_kind == "class_mean":
         return masked_mean_prototypes(protos)

@@ -55,6 +55,14 @@ class FAFI(Method, Screening):
     """Server state: ``{"init": {arch: FAFINet state}, "clients": {id: {...}}}``."""
 
     card: ClassVar[MethodCard] = MethodCard(
+        summary=(
+            "Clients learn self-aligned features and class prototypes; the server classifies with "
+            "their fused features."
+        ),
+        paper=(
+            'Zeng et al., "Does One-shot Give the Best Shot? Mitigating Model Inconsistency in '
+            'One-shot Federated Learning", ICML 2025'
+        ),
         uploads="weights+prototypes",
         default_run=True,
         default_order=20,
@@ -184,6 +192,11 @@ class FAFICode(FAFI):
     Config: ClassVar[type] = FAFICodeConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         FAFI.card,
+        summary=(
+            "FAFI with the defaults of its public code where they differ from the paper (loss, "
+            "fusion, clipping)."
+        ),
+        paper="Zeng et al., ICML 2025 (FAFI), public code github.com/zenghui9977/FAFI_ICML25",
         default_run=False,
         default_order=21,
         smoke=("method.fafi_code.augment=flip",),

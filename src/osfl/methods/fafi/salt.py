@@ -48,16 +48,28 @@ class SaltLoss:
     code, whose separation term then also uses the raw ``P·Pᵀ``).
     """
 
+    #: temperature of the contrastive and prototype terms
     tau: float = 0.5
+    #: weight of the self-supervised contrastive term
     ssl_weight: float = 1.0
+    #: weight of the prototype-alignment term
     proto_weight: float = 1.0
+    #: weight of a cross-entropy classifier term (0: off, as in the paper)
     ce_weight: float = 0.0
+    #: weight of the prototype-separation term (0: off, as in the paper)
     sep_weight: float = 0.0
+    #: same-label samples are positives of the contrastive term (false: the other view only,
+    #: SimCLR)
     ssl_labels: bool = True
+    #: contrastive denominator: negatives (the paper) or all (SupCon, the public code)
     ssl_denominator: str = "negatives"
+    #: prototype-term denominator: negatives (the paper) or all (softmax over prototypes)
     proto_denominator: str = "negatives"
+    #: temperature of the contrastive term alone (null: tau)
     ssl_tau: float | None = None
+    #: temperature of the prototype and separation terms (null: tau)
     proto_tau: float | None = None
+    #: feature-prototype similarity: cosine (the paper), unit_feature (the public code) or dot
     proto_similarity: str = "cosine"
 
     def __post_init__(self) -> None:

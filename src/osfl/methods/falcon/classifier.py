@@ -28,8 +28,11 @@ __all__ = ["AttentionPoolClassifier", "ClassifierConfig"]
 class ClassifierConfig:
     """Head design (paper code: residual query, MLP ratio 4, dropout 0.3)."""
 
+    #: hidden width of the classifier's MLP as a multiple of the token width
     mlp_ratio: float = 4.0
+    #: dropout rate of the classifier
     dropout: float = 0.3
+    #: add the class query back after attention (the authors' code)
     residual_query: bool = True
 
     def __post_init__(self) -> None:

@@ -70,12 +70,19 @@ class GeneratorConfig:
     have a 768-wide feed-forward layer, which is what gives the paper's
     generator size (§3.6: ≈144 MB; 146.6 MiB here, tested)."""
 
+    #: transformer layers of the generator
     depth: int = 4
+    #: generator width (null: the encoder's token width)
     width: int | None = None
+    #: attention heads of the generator
     heads: int = 16
+    #: diagonal Gaussian components per output token
     components: int = 20
+    #: feed-forward width as a multiple of the generator width
     mlp_ratio: float = 1.0
+    #: lower clamp of the components' log-variance
     logvar_min: float = -10.0
+    #: upper clamp of the components' log-variance
     logvar_max: float = 6.0
 
     def __post_init__(self) -> None:

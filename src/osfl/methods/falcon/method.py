@@ -125,20 +125,36 @@ class FALCONConfig:
     keeps the best student on validation features.
     """
 
+    #: encode region views too (hierarchical sequences); false: the global token only
     hse: bool = True
+    #: the sliding-window region views HSE encodes
     views: HSEConfig = field(default_factory=HSEConfig)
+    #: how the frozen encoder runs
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
+    #: token-sequence generator: mar (the paper), ar or nar
     generator: str = "mar"
+    #: the generator's architecture
     generator_model: GeneratorConfig = field(default_factory=GeneratorConfig)
+    #: how each client trains its generator
     generator_fit: FitConfig = field(default_factory=_generator_fit)
+    #: the classifier's architecture
     classifier: ClassifierConfig = field(default_factory=ClassifierConfig)
+    #: how each client trains its local classifier
     classifier_fit: FitConfig = field(default_factory=_classifier_fit)
+    #: how the server trains the final classifier
     server_fit: FitConfig = field(default_factory=_classifier_fit)
+    #: distil the clients' classifiers into the server's (false: cross-entropy on synthetic data
+    #: only)
     kd: bool = True
+    #: weight of the distillation term against cross-entropy
     alpha: float = 0.5
+    #: distillation temperature
     temperature: float = 4.0
+    #: synthetic sequences per class, as a multiple of the client's real count of that class
     synthetic_ratio: float = 1.5
+    #: what a client sends: auto (the smaller of the two), sequences or generator
     upload: str = "auto"
+    #: the server student kept: after its last epoch, or its most accurate epoch on validation
     student_selection: str = "last"
 
     def __post_init__(self) -> None:
@@ -199,6 +215,14 @@ class FALCON(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting, ServerVa
 
     card: ClassVar[MethodCard] = dataclasses.replace(
         FrozenEncoderMethod.card,
+        summary=(
+            "Clients of a frozen encoder send synthetic token sequences (or their generator); the "
+            "server distils a classifier."
+        ),
+        paper=(
+            'Liu et al., "Feature-Aware One-Shot Federated Learning via Hierarchical Token '
+            'Sequences" (FALCON), 2025'
+        ),
         uploads="synthetic_data",  # token sequences, or the generator
         smoke=(
             *TINY_VIT_SMOKE,

@@ -90,17 +90,32 @@ class FedMITRConfig(KDConfig):
     paper). ``pretrained``: local checkpoint of the clients' initial weights.
     """
 
+    #: the pixel-inversion recipe
     inversion: InversionConfig = field(default_factory=_default_inversion)
+    #: share of the remaining patches dropped at each stop of the sparse inversion
     mask_ratio: float = 0.3
+    #: when patches are dropped, as fractions of inversion.iterations
     stop_at: tuple[float, ...] = (0.1, 0.2, 0.4, 0.6)
+    #: random roll of the inverted images as a fraction of the patch size (null: inversion.jitter
+    #: pixels)
     jitter_per_patch: float | None = 0.125
+    #: how many patches stay at each stop: remaining (the paper) or smi (SMI's code)
     kept_count: str = "remaining"
+    #: dropped patches: frozen, or priors (SMI's code: the priors keep moving them)
     stopped_pixels: str = "frozen"
+    #: weight of the token-relabel classification loss
     lambda1: float = 0.5
+    #: weight of the distillation loss on low-density inputs
     lambda2: float = 0.5
+    #: fedmitr, or an ablation: inversion_kd, inversion_pl, no_cls, no_kl
     variant: str = "fedmitr"
+    #: what the low-density term sees: sparse (the kept patches) or masked images
     low_density_input: str = "sparse"
+    #: apply the classification loss to all images (none) or only where the ensemble agrees
+    #: (teacher)
     cls_filter: str = "none"
+    #: local checkpoint loaded into the clients' initial ViT (null: none; prefer
+    #: model.kwargs.pretrained)
     pretrained: str | None = None
 
     def __post_init__(self) -> None:
@@ -153,6 +168,14 @@ class FedMITR(DistillationMethod):
     """Sparse model inversion + token relabel (see the module docstring)."""
     card: ClassVar[MethodCard] = dataclasses.replace(
         DistillationMethod.card,
+        summary=(
+            "The server inverts the clients' ViTs on sparse patches and relabels tokens, then "
+            "distils them into one ViT."
+        ),
+        paper=(
+            'Shen et al., "Provable Sparse Inversion and Token Relabel Enhanced One-shot '
+            'Federated Learning with ViTs" (FedMITR)'
+        ),
         regime="pretrained",
         smoke=(
             "model.name=vit_tiny_patch2_16",

@@ -53,7 +53,9 @@ class EncoderConfig:
     not depend on it beyond float rounding).
     """
 
+    #: input resolution of the frozen encoder (null: the data's image size)
     size: int | None = None
+    #: images per encoder forward pass (memory only)
     batch_size: int = 128
 
     def __post_init__(self) -> None:

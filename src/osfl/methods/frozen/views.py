@@ -43,8 +43,11 @@ class HSEConfig:
     non-overlapping).
     """
 
+    #: image side the region windows are cut from (null: the image's own)
     input_size: int | None = None
+    #: side of a region window (null: the encoder's input size)
     window: int | None = None
+    #: step between windows (null: the window, i.e. no overlap)
     stride: int | None = None
 
     def __post_init__(self) -> None:

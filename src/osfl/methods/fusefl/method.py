@@ -110,8 +110,11 @@ class FuseFLConfig:
     (``method_train.fusefl.epochs``: local epochs of each step; the code's
     scripts split one local budget over the K steps, e.g. 200 -> 4 × 50)."""
 
+    #: K, the blocks the model is cut into = rounds (2..3 for cnn_small, 2..5 for the ResNets)
     blocks: int = 2
+    #: how a block reads every client's earlier features: conv1x1 or avg (parameter-free mean)
     adaptor: str = "conv1x1"
+    #: final classifier: average (one averaged head) or heads (each client's, logits averaged)
     classifier: str = "average"
 
     def __post_init__(self) -> None:
@@ -162,7 +165,17 @@ class FuseFL(Method, MultiRound, KeepsClientState, SharedTrainingStep, Reporting
     members in ``meta["members"]``)."""
 
     Config: ClassVar[type] = FuseFLConfig
-    card: ClassVar[MethodCard] = MethodCard(one_shot=False)
+    card: ClassVar[MethodCard] = MethodCard(
+        summary=(
+            "Fuses the client models block by block over K rounds, each block trained on every "
+            "client's earlier blocks."
+        ),
+        paper=(
+            'Tang et al., "FuseFL: One-Shot Federated Learning through the Lens of Causality with '
+            'Progressive Model Fusion", NeurIPS 2024'
+        ),
+        one_shot=False,
+    )
 
     config: FuseFLConfig
 

@@ -46,7 +46,9 @@ class PriorKDConfig(FedDFConfig):
     """FedDF's server recipe on images from ``prior`` (``per_class`` of each class);
     ``public`` is not used."""
 
+    #: the server's image generator: diffusers:<dir> or dataset:<data spec> (required)
     prior: str = ""
+    #: images synthesised per class
     per_class: int = 64
 
     def __post_init__(self) -> None:
@@ -61,6 +63,14 @@ class PriorKD(FedDF):
 
     card: ClassVar[MethodCard] = dataclasses.replace(
         FedDF.card,
+        summary=(
+            "The server synthesises images from class names with a generative prior you provide, "
+            "then distils the clients."
+        ),
+        paper=(
+            "the FedLMG / OSCAR / FedDEO pattern (Yang et al. 2023; Zaland et al. 2025; Yang et "
+            "al., ACM MM 2024)"
+        ),
         regime="generative_prior",
         smoke=(
             *WEAK_FEDAVG_TASK,

@@ -153,32 +153,59 @@ class GHOFLConfig:
     """GH-OFL's options (see docs/methods/ghofl.md); defaults: the authors'
     CIFAR-10 config, except ``ridge`` and ``pooling`` (ours, off)."""
 
+    #: server head: nb, lda, qda (closed form) or fishermix, protohyper (learned)
     head: str = "qda"
+    #: covariance shrinkage for lda, the Fisher subspace and Proto-Hyper
     shrinkage: float = 0.05  # lda, and S_W of the Fisher subspace and of Proto-Hyper's Σ_f
+    #: covariance shrinkage of qda's per-class covariances
     qda_shrinkage: float = 0.1
+    #: variance shrinkage of nb
     nb_shrinkage: float = 0.0
+    #: extra ridge on the within-class covariance, relative to its trace (0: off; ours)
     ridge: float = 0.0
+    #: blend of nb's and qda's class covariances toward the pooled one (0: off; ours)
     pooling: float = 0.0
+    #: share of the between-class spectrum the Fisher subspace keeps
     fisher_energy: float = 0.995
+    #: most dimensions of the Fisher subspace
     fisher_max_dim: int = 16
+    #: synthetic features drawn per class for the learned heads
     synthetic_per_class: int = 4000
+    #: standard-deviation scale of the synthetic features
     synthetic_scale: float = 0.9  # τ
+    #: shrinkage of the covariance the synthetic features are drawn from
     synthetic_shrinkage: float = 0.05
+    #: that covariance: class (each class's own) or pooled
     synthetic_covariance: str = "class"
+    #: scale s of FisherMix's cosine-margin loss
     fishermix_scale: float = 30.0
+    #: margin m of FisherMix's cosine-margin loss
     fishermix_margin: float = 0.05
+    #: FisherMix training epochs
     fishermix_epochs: int = 40
+    #: FisherMix batch size
     fishermix_batch_size: int = 2048
+    #: FisherMix AdamW learning rate
     fishermix_lr: float = 8e-4
+    #: FisherMix AdamW weight decay
     fishermix_weight_decay: float = 3e-4
+    #: rank of Proto-Hyper's low-rank residual
     protohyper_rank: int = 16
+    #: Proto-Hyper training epochs
     protohyper_epochs: int = 40
+    #: Proto-Hyper batch size
     protohyper_batch_size: int = 1024
+    #: Proto-Hyper AdamW learning rate
     protohyper_lr: float = 1e-3
+    #: Proto-Hyper AdamW weight decay
     protohyper_weight_decay: float = 5e-4
+    #: weight of Proto-Hyper's distillation from the Gaussian head
     kd_alpha: float = 0.4
+    #: temperature of that distillation
     kd_temperature: float = 4.0
+    #: blend of the Gaussian heads that forms the distillation teacher
     teacher_blend: float = 0.7
+    #: how the frozen encoder runs
     encoder: EncoderConfig = field(default_factory=EncoderConfig)
 
     def __post_init__(self) -> None:
@@ -325,6 +352,14 @@ class GHOFL(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting):
     Config: ClassVar[type] = GHOFLConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         FrozenEncoderMethod.card,
+        summary=(
+            "Clients of a frozen encoder send per-class feature moments; the server builds "
+            "Gaussian or learned heads."
+        ),
+        paper=(
+            'Turazza, Picone & Mamei, "The Gaussian-Head OFL Family: One-Shot Federated Learning '
+            'from Client Global Statistics", ICLR 2026'
+        ),
         smoke=(
             "data.image_size=16",
             "model.name=vit_tiny_patch2_16",

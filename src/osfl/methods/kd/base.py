@@ -74,13 +74,21 @@ class KDConfig:
     overrides them with its own paper's or code's.
     """
 
+    #: where the server model starts: fedavg (the clients' average) or scratch
     init: str = "fedavg"
+    #: weights of the client ensemble (the teacher): uniform or data_size
     weighting: str = "uniform"
+    #: server rounds of synthesis then distillation
     epochs: int = 20
+    #: images synthesised per batch
     synthesis_batch_size: int = 64
+    #: augmentation of pool images while distilling: none, flip or crop_flip
     augment: str = "none"
+    #: cap on the synthetic pool, oldest first out (null: keep all)
     pool_size: int | None = None
+    #: count FLOPs per server phase into the record (slower)
     count_flops: bool = False
+    #: the server's distillation optimiser and loss
     distill: DistillConfig = field(default_factory=DistillConfig)
 
     def __post_init__(self) -> None:

@@ -65,19 +65,31 @@ class CoBoostingConfig(KDConfig):
             batch_size=128, lr=0.01, schedule="cosine", grad_clip=10.0, temperature=4.0
         )
     )
+    #: the generator and its training per round
     generator: GeneratorConfig = field(
         default_factory=lambda: GeneratorConfig(augment="none", grad_clip=10.0)
     )
+    #: weight of the generator's hard-sample cross-entropy
     oh_weight: float = 1.0
+    #: weight of the generator's adversarial term
     adv_weight: float = 1.0
+    #: temperature of the adversarial term
     adv_temperature: float = 3.0
+    #: weight of the BatchNorm-statistics term (0: off, as the code)
     bn_weight: float = 0.0
+    #: exponent hs that up-weights samples the ensemble finds hard
     hard_sample_power: float = 1.0
+    #: learn the weights of the client ensemble (false: fixed uniform)
     weighted: bool = True
+    #: step size of the ensemble-weight update
     mu: float = 0.01
+    #: decay of that step size per round
     wdc: float = 0.99
+    #: passes over the pool per ensemble-weight update
     wa_steps: int = 1
+    #: size of the output-diversified perturbation of pool images
     ods_eps: float = 8 / 255
+    #: temperature of that perturbation
     ods_temperature: float = 4.0
 
     def __post_init__(self) -> None:
@@ -168,6 +180,14 @@ class CoBoosting(DistillationMethod):
     Config: ClassVar[type] = CoBoostingConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         DistillationMethod.card,
+        summary=(
+            "DENSE-style synthesis of hard samples plus a learned weighting of the client models, "
+            "then distillation."
+        ),
+        paper=(
+            'Dai et al., "Enhancing One-Shot Federated Learning Through Data and Ensemble '
+            'Co-Boosting", ICLR 2024'
+        ),
         smoke=(
             "method.coboosting.epochs=3",
             "method.coboosting.synthesis_batch_size=32",

@@ -60,7 +60,9 @@ class DeepInversionConfig(KDConfig):
     as in Yin et al.'s CIFAR setting) + ``target`` (invert each client, or
     their ensemble)."""
 
+    #: what is inverted: clients (each client's model in turn) or ensemble (their mean)
     target: str = "clients"
+    #: the pixel-inversion recipe
     inversion: InversionConfig = field(default_factory=lambda: InversionConfig(bn_weight=10.0))
 
     def __post_init__(self) -> None:
@@ -103,6 +105,14 @@ class DeepInversion(DistillationMethod):
     Config: ClassVar[type] = DeepInversionConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         DistillationMethod.card,
+        summary=(
+            "The server synthesises images by inverting the client models, then distils their "
+            "ensemble into one model."
+        ),
+        paper=(
+            'Yin et al., "Dreaming to Distill: Data-free Knowledge Transfer via DeepInversion", '
+            "CVPR 2020"
+        ),
         smoke=_inversion_smoke("deepinversion"),
     )
 
@@ -154,5 +164,13 @@ class ADI(DeepInversion):
     Config: ClassVar[type] = ADIConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         DeepInversion.card,
+        summary=(
+            "DeepInversion whose images also seek where the server model disagrees with the "
+            "clients (Adaptive DI)."
+        ),
+        paper=(
+            'Yin et al., "Dreaming to Distill: Data-free Knowledge Transfer via DeepInversion", '
+            "CVPR 2020 (Adaptive DeepInversion)"
+        ),
         smoke=_inversion_smoke("adi"),
     )

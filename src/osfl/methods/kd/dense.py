@@ -66,10 +66,15 @@ class DENSEConfig(KDConfig):
             batch_size=256, lr=0.005, weight_decay=0.0, temperature=20.0
         )
     )
+    #: the generator and its training per round
     generator: GeneratorConfig = field(default_factory=GeneratorConfig)
+    #: weight of the generator's BatchNorm-statistics term
     bn_weight: float = 1.0
+    #: weight of the generator's cross-entropy term
     oh_weight: float = 1.0
+    #: weight of the generator's adversarial term
     adv_weight: float = 1.0
+    #: temperature of the adversarial term
     adv_temperature: float = 1.0
 
     def __post_init__(self) -> None:
@@ -125,6 +130,11 @@ class DENSE(DistillationMethod):
     Config: ClassVar[type] = DENSEConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         DistillationMethod.card,
+        summary=(
+            "The server trains a generator against the client ensemble and distils the ensemble "
+            "into one model on its images."
+        ),
+        paper='Zhang et al., "DENSE: Data-Free One-Shot Federated Learning", NeurIPS 2022',
         smoke=(
             "method.dense.epochs=3",
             "method.dense.synthesis_batch_size=32",

@@ -59,11 +59,17 @@ class DistillConfig(OptimConfig):
     optimizer: str = "sgdm"
     lr: float = 1e-3
     weight_decay: float = 1e-4
+    #: images per distillation step
     batch_size: int = 64
+    #: distillation steps per round (null: one pass over the pool)
     steps: int | None = None
+    #: distillation temperature T
     temperature: float = 1.0
+    #: weight of the KL term to the teacher
     kd_weight: float = 1.0
+    #: weight of the cross-entropy to the synthetic labels
     ce_weight: float = 0.0
+    #: recompute the teacher's outputs each step (false: reuse the stored ones; cheaper)
     teacher_on_the_fly: bool = True
 
     def __post_init__(self) -> None:

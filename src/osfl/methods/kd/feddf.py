@@ -69,8 +69,11 @@ class FedDFConfig(KDConfig):
     init: str = "fedavg"
     epochs: int = 1
     distill: DistillConfig = field(default_factory=_default_distill)
+    #: the unlabelled public data the server distils on, a data spec (required)
     public: str | None = None
+    #: split of that data set used: train or test
     public_split: str = "train"
+    #: cap on the public images per class (null: all)
     public_max_per_class: int | None = None
 
     def __post_init__(self) -> None:
@@ -104,6 +107,14 @@ class FedDF(DistillationMethod):
     Config: ClassVar[type] = FedDFConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         DistillationMethod.card,
+        summary=(
+            "Distils the client ensemble into their FedAvg model on unlabelled public images you "
+            "provide (method.feddf.public)."
+        ),
+        paper=(
+            'Lin et al., "Ensemble Distillation for Robust Model Fusion in Federated Learning", '
+            "NeurIPS 2020"
+        ),
         smoke=(
             *WEAK_FEDAVG_TASK,
             "method.feddf.public=digits",

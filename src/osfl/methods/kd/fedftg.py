@@ -90,10 +90,15 @@ class FedFTGConfig(KDConfig):
     epochs: int = 10
     synthesis_batch_size: int = 50
     distill: DistillConfig = field(default_factory=_default_distill)
+    #: the conditional generator and its training
     generator: GeneratorConfig = field(default_factory=_default_generator)
+    #: server distillation steps per generated batch
     inner_steps: int = 5
+    #: weight of the generator's class-weighted cross-entropy
     cls_weight: float = 1.0
+    #: weight of the generator's discrepancy (adversarial) term
     dis_weight: float = 1.0
+    #: weight of the generator's diversity term
     md_weight: float = 1.0
 
     def __post_init__(self) -> None:
@@ -163,6 +168,14 @@ class FedFTG(DistillationMethod):
     Config: ClassVar[type] = FedFTGConfig
     card: ClassVar[MethodCard] = dataclasses.replace(
         DistillationMethod.card,
+        summary=(
+            "Fine-tunes the clients' FedAvg model by distillation on images of a conditional "
+            "generator, in one round."
+        ),
+        paper=(
+            'Zhang et al., "Fine-tuning Global Model via Data-Free Knowledge Distillation for '
+            'Non-IID Federated Learning", CVPR 2022'
+        ),
         smoke=(
             *WEAK_FEDAVG_TASK,
             "method.fedftg.epochs=3",

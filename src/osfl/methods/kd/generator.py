@@ -60,11 +60,17 @@ class GeneratorConfig:
     gradient-norm clip. The defaults are DENSE's README (z = 256, 30 steps,
     lr 1e-3, crop + flip)."""
 
+    #: latent size of the generator
     nz: int = 256
+    #: width of the generator
     ngf: int = 64
+    #: generator Adam steps per synthesis round
     steps: int = 30
+    #: generator learning rate
     lr: float = 1e-3
+    #: augmentation of the generated images the loss sees: none, flip or crop_flip
     augment: str = "crop_flip"
+    #: clip the generator's gradient norm (null: no clipping)
     grad_clip: float | None = None
 
     def __post_init__(self) -> None:

@@ -57,21 +57,37 @@ __all__ = [
 class InversionConfig:
     """Weights and optimiser of pixel inversion (see the module docstring)."""
 
+    #: Adam steps on the pixels per batch
     iterations: int = 100
+    #: Adam learning rate on the pixels
     lr: float = 1e-3
+    #: Adam beta1
     beta1: float = 0.5
+    #: Adam beta2
     beta2: float = 0.99
+    #: weight of the cross-entropy to the target labels
     ce_weight: float = 1.0
+    #: weight of the BatchNorm-statistics term (models with BatchNorm only)
     bn_weight: float = 0.0
+    #: weight of the L1 total-variation prior
     tv_l1_weight: float = 0.0
+    #: weight of the L2 total-variation prior
     tv_l2_weight: float = 1e-4
+    #: weight of the L2 prior on the pixels
     l2_weight: float = 0.0
+    #: weight of the competition with the server model (ADI; 0: off)
     js_weight: float = 0.0
+    #: temperature of that competition
     js_temperature: float = 3.0
+    #: most pixels of the random roll applied each step
     jitter: int = 2
+    #: random horizontal flips each step
     flip: bool = True
+    #: standard deviation of the initial noise images
     init_std: float = 1.0
+    #: keep the pixels in the valid input range
     clip: bool = True
+    #: which batch is kept: best (lowest loss) or last
     keep: str = "best"
 
     def __post_init__(self) -> None:

@@ -61,6 +61,7 @@ class FedBFPTConfig(PEFTConfig):
     """``client_depth``: blocks in a client's model (null = the model's depth).
     Uniform averaging, as the code."""
 
+    #: ViT blocks in a client's model (null: all of them)
     client_depth: int | None = None
     weighting: str = "uniform"
 
@@ -76,7 +77,18 @@ class FedBFPT(PEFTMethod):
 
     Config: ClassVar[type] = FedBFPTConfig
     needs_vit: ClassVar[bool] = True
-    card: ClassVar[MethodCard] = dataclasses.replace(PEFTMethod.card, smoke=peft_smoke("fedbfpt"))
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        PEFTMethod.card,
+        summary=(
+            "Trains a pretrained ViT's shallow blocks progressively, one more per stage, clients "
+            "holding sampled deeper ones."
+        ),
+        paper=(
+            'Wang et al., "FedBFPT: An Efficient Federated Learning Framework for BERT Further '
+            'Pre-training", IJCAI 2023 (a ViT port)'
+        ),
+        smoke=peft_smoke("fedbfpt"),
+    )
 
     def num_layers(self) -> int:
         return len(self.meta_model().blocks)  # type: ignore[arg-type]

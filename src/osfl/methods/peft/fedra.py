@@ -69,8 +69,11 @@ class FedRAConfig(PEFTConfig):
     """``depths``: client i holds ``depths[i % len(depths)]`` blocks (public
     code's default for a 12-block ViT). Uniform averaging, as the code."""
 
+    #: blocks each client holds, client i getting depths[i % len(depths)]
     depths: list[int] = field(default_factory=lambda: [12, 10, 8, 6, 4, 3])
+    #: the LoRA adapters
     lora: LoRAConfig = field(default_factory=lambda: LoRAConfig(rank=8, alpha=8.0, dropout=0.1))
+    #: also train the LayerNorms of the allocated blocks
     train_norms: bool = False
     weighting: str = "uniform"
 
@@ -90,6 +93,14 @@ class FedRA(PEFTMethod):
     needs_vit: ClassVar[bool] = True
     card: ClassVar[MethodCard] = dataclasses.replace(
         PEFTMethod.card,
+        summary=(
+            "Federated LoRA where each client tunes a random subset of a pretrained ViT's blocks, "
+            "as many as it can hold."
+        ),
+        paper=(
+            'Su, Li & Xue, "FedRA: A Random Allocation Strategy for Federated Tuning to Unleash '
+            'the Power of Heterogeneous Clients", ECCV 2024'
+        ),
         smoke=peft_smoke("fedra", "method.fedra.depths=[2,1]"),
     )
 

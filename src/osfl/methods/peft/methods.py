@@ -41,7 +41,15 @@ LORA_MARK = ".lora_"
 class FedFull(PEFTMethod):
     """Fed-Full: FedAvg over every parameter."""
 
-    card: ClassVar[MethodCard] = dataclasses.replace(PEFTMethod.card, smoke=peft_smoke("fedfull"))
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        PEFTMethod.card,
+        summary="Multi-round FedAvg of every parameter of a pretrained ViT (full fine-tuning).",
+        paper=(
+            'McMahan et al., AISTATS 2017, as Fed-Full in "EFTViT: Efficient Federated Training '
+            'of Vision Transformers with Masked Images on Resource-Constrained Clients", Table 1'
+        ),
+        smoke=peft_smoke("fedfull"),
+    )
 
     def is_trainable(self, name: str) -> bool:
         return True
@@ -53,6 +61,14 @@ class FedHead(PEFTMethod):
 
     card: ClassVar[MethodCard] = dataclasses.replace(
         PEFTMethod.card,
+        summary=(
+            "Multi-round FedAvg of only the classifier head of a pretrained ViT (federated linear "
+            "probing)."
+        ),
+        paper=(
+            'Fed-Head in "EFTViT: Efficient Federated Training of Vision Transformers with Masked '
+            'Images on Resource-Constrained Clients", Table 1'
+        ),
         smoke=peft_smoke("fedhead", "train.lr=0.01"),
     )
 
@@ -64,7 +80,17 @@ class FedHead(PEFTMethod):
 class FedBias(PEFTMethod):
     """Fed-Bias (BitFit): every bias term + the classifier."""
 
-    card: ClassVar[MethodCard] = dataclasses.replace(PEFTMethod.card, smoke=peft_smoke("fedbias"))
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        PEFTMethod.card,
+        summary=(
+            "Multi-round FedAvg of a pretrained ViT's bias terms and classifier head (BitFit)."
+        ),
+        paper=(
+            'Ben Zaken et al., "BitFit: Simple Parameter-efficient Fine-tuning for '
+            'Transformer-based Masked Language-models", ACL 2022 (Fed-Bias in EFTViT, Table 1)'
+        ),
+        smoke=peft_smoke("fedbias"),
+    )
 
     def is_trainable(self, name: str) -> bool:
         return name.endswith(".bias") or name.startswith(self.head_prefix())
@@ -75,6 +101,7 @@ class FedPromptConfig(PEFTConfig):
     """``num_prompts``: VPT-shallow prompt tokens. 10 matches EFTViT Table 3
     (12.646 vs 12.005 GFLOPs: ~10 more tokens than ViT-B/16's 197)."""
 
+    #: learnable prompt tokens prepended to the patch tokens
     num_prompts: int = 10
 
     def __post_init__(self) -> None:
@@ -91,6 +118,11 @@ class FedPrompt(PEFTMethod):
     needs_vit: ClassVar[bool] = True
     card: ClassVar[MethodCard] = dataclasses.replace(
         PEFTMethod.card,
+        summary=(
+            "Multi-round FedAvg of learnable prompt tokens and the head of a frozen pretrained "
+            "ViT (VPT)."
+        ),
+        paper='Jia et al., "Visual Prompt Tuning", ECCV 2022 (Fed-Prompt in EFTViT, Table 1)',
         smoke=peft_smoke("fedprompt", "train.lr=0.01"),
     )
 
@@ -108,8 +140,11 @@ class FedPrompt(PEFTMethod):
 class LoRAConfig:
     """LoRA's rank r, scale alpha (the update is scaled by alpha/r) and input dropout."""
 
+    #: rank r of each LoRA update
     rank: int = 8
+    #: LoRA scale alpha (the update is scaled by alpha / r)
     alpha: float = 8.0
+    #: dropout on the LoRA input
     dropout: float = 0.0
 
     def __post_init__(self) -> None:
@@ -125,6 +160,7 @@ class LoRAConfig:
 class FedLoRAConfig(PEFTConfig):
     """LoRA on q and v, rank 8, alpha 8 (EFTViT §4.3; rank "≈ 8" per our note)."""
 
+    #: the LoRA adapters
     lora: LoRAConfig = field(default_factory=LoRAConfig)
 
 
@@ -134,7 +170,18 @@ class FedLoRA(PEFTMethod):
 
     Config: ClassVar[type] = FedLoRAConfig
     needs_vit: ClassVar[bool] = True
-    card: ClassVar[MethodCard] = dataclasses.replace(PEFTMethod.card, smoke=peft_smoke("fedlora"))
+    card: ClassVar[MethodCard] = dataclasses.replace(
+        PEFTMethod.card,
+        summary=(
+            "Multi-round FedAvg of LoRA adapters on a frozen pretrained ViT's attention, plus the "
+            "classifier head."
+        ),
+        paper=(
+            'Hu et al., "LoRA: Low-Rank Adaptation of Large Language Models", ICLR 2022 (Fed-LoRA '
+            "in EFTViT, Table 1)"
+        ),
+        smoke=peft_smoke("fedlora"),
+    )
 
     def adapt(self, model: nn.Module) -> None:
         lo = self.config.lora

@@ -21,6 +21,17 @@ when there are more such classes than labels), then labels go one at a time
 to the class with the most negative residual ``r_j = g_j − total·s_j −
 (labels given to j)·(m − s_j)`` until ``m·|B|`` labels are assigned.
 
+**Departures from the authors' code** (tklab-tud/LLG 58f3aa2,
+``Predictor.LLGp_prediction``; both in ``tests/test_reference_llg.py``): the
+authors scale the mean impact by ``(1 + 1/K)`` over the number of local
+iterations and lower a class's residual by that impact per label, an
+approximation of the offset term; osfl uses the mean impact itself,
+subtracts ``total · s_j`` up front and lowers the residual by the impact
+minus ``s_j`` per label, solving the linear model above exactly. With one
+offset shared by every class and one local iteration the two rules give the
+same counts; with class-dependent offsets osfl recovers the linear model's
+counts exactly and the authors' rule need not.
+
 The gradient is the update's surrogate ``G = −ΔW/η · |B|`` (sum over the
 ``m·|B|`` samples), so no correction for momentum, proximal terms or
 control variates is made: LLG+ assumes FedAvg with SGD, as published.

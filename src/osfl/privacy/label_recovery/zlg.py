@@ -16,8 +16,10 @@ ZLG estimates ``p̄`` and ``Ō`` by feeding dummy data to the model; **ZLG+**,
 the variant the RLU paper compares with, uses the server's auxiliary set with
 the global model instead, as we do. The premise ``Ō > 0`` holds for
 non-negative activations (ReLU), which is why ZLG+ degrades with Tanh/ELU.
-Negative estimates are clipped to 0 and the rest rounded to ``m·|B|`` labels
-by the largest-remainder rule. The gradient is the SGD surrogate
+Negative estimates are clipped to 0 and the rest scaled and rounded to
+``m·|B|`` labels by the largest-remainder rule (Dimitrov et al.'s public
+code rounds negatives differently: :mod:`~osfl.privacy.label_recovery.zlg_fedavg`
+says how). The gradient is the SGD surrogate
 ``−ΔW/η · |B|`` (no scheme or momentum correction, as published).
 """
 

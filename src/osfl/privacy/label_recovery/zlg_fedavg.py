@@ -24,9 +24,14 @@ the update as gradient surrogate), ``end`` the estimate at θ_k alone,
 As in ZLG+ (and LLG+) the statistics come from the server's auxiliary set,
 the variant the RLU paper compares with; the public code feeds Gaussian
 dummy inputs instead (Geng et al.'s original ZLG). Negative estimates are
-clipped to 0 and the rest rounded to ``m·|B|`` labels by the
-largest-remainder rule (the public code rounds down and hands out the
-remainder the same way). The gradient is the SGD surrogate ``−ΔW/η·|B|``:
+clipped to 0, the clipped estimate scaled to ``m·|B|`` labels and rounded
+by the largest-remainder rule. **This departs from the public code**
+(``round_label_cnts``): it floors the raw estimate with negatives set to 0
+and, when that leaves too many labels, takes the excess from the classes
+with the smallest remainders. Without a negative raw estimate both give the
+same counts; with one they can differ (raw ``[3.9, 3.9, 3.9, −3.7]`` for 8
+labels: the code ``[2, 3, 3, 0]``, osfl ``[3, 3, 2, 0]``;
+``tests/test_reference_zlg.py``). The gradient is the SGD surrogate ``−ΔW/η·|B|``:
 no momentum or scheme correction, as published.
 """
 

@@ -1,0 +1,98 @@
+"""What a new user reads of the registries: ``osfl list`` (short tables),
+``osfl list --method NAME`` (summary, paper, every option described), and a
+"did you mean" for every unknown name."""
+
+from __future__ import annotations
+
+import pytest
+
+from osfl.cli import main
+from osfl.errors import ConfigError
+from osfl.registry import Registry, did_you_mean
+
+
+def test_an_unknown_name_suggests_the_closest_ones() -> None:
+    reg: Registry[int] = Registry("method")
+    for n in ("fedavg", "fedprox", "ensemble"):
+        reg.add(n, 0)
+    with pytest.raises(
+        ConfigError, match=r"unknown method 'fedav' \(did you mean 'fedavg'\?\); valid: "
+    ):
+        reg.get("fedav")
+    with pytest.raises(ConfigError) as e:
+        reg.get("zzz")
+    assert "did you mean" not in str(e.value) and "valid: ensemble, fedavg, fedprox" in str(e.value)
+    assert did_you_mean("lrr", ["lr", "momentum"], "train.") == " (did you mean 'train.lr'?)"
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["list", "--method", "fedav"], "unknown method 'fedav' (did you mean 'fedavg'"),
+        (["run", "model.name=resnet-18"], "unknown model 'resnet-18' (did you mean 'resnet18'"),
+        (["run", "train.lrr=0.1"], "unknown config key 'train.lrr' (did you mean 'train.lr'?)"),
+        (["run", "method.fedavg.round=2"], "unknown option 'round' (did you mean 'rounds'?)"),
+    ],
+)
+def test_every_kind_of_name_gets_a_did_you_mean(capsys, argv, needle) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err
+
+
+def _methods():
+    import osfl.methods  # noqa: F401  (registers the methods)
+    from osfl.fl.method import METHODS
+
+    return [METHODS.get(n) for n in METHODS.names()]
+
+
+#: Methods that follow no paper (a baseline osfl defines).
+NO_PAPER = {"local"}
+
+
+def test_every_method_has_its_own_one_line_summary_and_paper() -> None:
+    summaries = {}
+    for cls in _methods():
+        s = cls.card.summary
+        assert s and "\n" not in s and len(s) <= 120, (cls.name, s)
+        summaries.setdefault(s, []).append(cls.name)
+        assert bool(cls.card.paper) != (cls.name in NO_PAPER), cls.name
+    # a card made from its parent's must not say the parent's words
+    assert all(len(names) == 1 for names in summaries.values()), summaries
+
+
+def test_every_option_of_every_method_has_a_description() -> None:
+    from osfl.config import config_options
+
+    missing = [
+        f"{cls.name}: {o.key}"
+        for cls in _methods()
+        for o in config_options(cls.Config)
+        if not o.help or "\n" in o.help
+    ]
+    assert missing == []
+
+
+def test_osfl_list_is_short_tables(capsys) -> None:
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    row = next(line for line in lines if line.startswith("│ fedavg "))
+    assert "one-shot" in row and "weights" in row and "Averages the clients' trained weights" in row
+    assert any(line.startswith("│ fedprox ") and "│ 10 " in line for line in lines)
+    assert any(line.startswith("│ models ") and "model.name" in line for line in lines)
+    assert max(map(len, lines)) < 400  # piped: one line per row, no 2,000-character line
+
+
+def test_osfl_list_method_describes_it_for_users(capsys) -> None:
+    assert main(["list", "--method", "dense"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("dense: The server trains a generator")
+    assert 'paper: Zhang et al., "DENSE: Data-Free One-Shot Federated Learning"' in out
+    row = next(line for line in out.splitlines() if line.startswith("│ distill.lr "))
+    assert "│ 0.005 " in row  # DENSE's own default, not DistillConfig's
+    assert main(["list", "--method", "local"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("local: Each client keeps its own model") and "options: none" in out
