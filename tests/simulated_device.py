@@ -293,6 +293,13 @@ def simulated_device() -> Iterator[torch.device]:
     # on the host so that its move to the device goes through _to_copy (as
     # FakeTensorMode does)
     torch._C._set_only_lift_cpu_tensors(True)
+    # module.to(cuda) keeps every Parameter object (torch assigns param.data:
+    # CPU and CUDA tensors share a TensorImpl type); to a wrapper subclass it
+    # would make new Parameters, and code holding the old ones (EFTViT's server
+    # reads its trained weights through them) would see no training: swap the
+    # tensors in place instead, so identities survive as on a GPU
+    swap = torch.__future__.get_swap_module_params_on_conversion()
+    torch.__future__.set_swap_module_params_on_conversion(True)
     torch.Generator = SimulatedGenerator  # type: ignore[misc]
     try:
         with _GeneratorMode(), _PlacementMode():
@@ -300,3 +307,4 @@ def simulated_device() -> Iterator[torch.device]:
     finally:
         torch.Generator = saved  # type: ignore[misc]
         torch._C._set_only_lift_cpu_tensors(lift)
+        torch.__future__.set_swap_module_params_on_conversion(swap)

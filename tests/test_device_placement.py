@@ -101,6 +101,11 @@ def test_the_simulated_device_refuses_what_cuda_refuses() -> None:
         g = torch.Generator(device=dev).manual_seed(0)
         assert _on_device(torch.rand(3, device=dev, generator=g))
         assert w.sum().item() == pytest.approx(float(w.cpu().sum()))
+        # module.to keeps its Parameter objects, as a move to CUDA does
+        lin = nn.Linear(2, 2)
+        weight = lin.weight
+        lin.to(dev)
+        assert lin.weight is weight and _on_device(weight)
 
 
 # --------------------------------------------------------------------------- models
