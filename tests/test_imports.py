@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, int]] = [
     ("osfl.cli", 10),
     ("osfl.flower.app", 10),
     ("osfl.runner", 9),
+    ("osfl.suite", 9),
     ("osfl.experiment", 8),
     ("osfl.audit_dir", 8),
     ("osfl.assembly", 7),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import torch
 
 from osfl.fl.upload import (
+    Message,
     MetaSpec,
     TensorSpec,
     UploadSpec,
@@ -78,3 +79,22 @@ def test_human_bytes_at_each_unit() -> None:
         1024**5: "1024.0 TiB",
     }
     assert {n: human_bytes(n) for n in cases} == cases
+
+
+def test_metadata_values_are_refused_with_exact_reasons() -> None:
+    assert MetaSpec("int").problem("7", {}) == "must be an integer, got str"
+    assert MetaSpec("real", low=0.0, high=1.0).problem(1.5, {}) == "1.5 lies outside [0.0, 1.0]"
+    assert MetaSpec("real", low=0.0, high=1.0).problem(1, {}) is None
+    for bad in (float("nan"), float("inf"), "0.5"):
+        assert MetaSpec("real").problem(bad, {}).startswith("must be a finite number, got ")
+    # bounds apply to numbers only: a bool's bounds are never compared
+    assert MetaSpec("bool", low=0, high=0).problem(True, {}) is None
+    assert MetaSpec("str", choices=("a", "b")).problem("c", {}) == "'c' is not one of a, b"
+    counts = MetaSpec("int_list", sum_of="n")
+    assert counts.problem([1, 2], {"n": 4}) == "sums to 3, not to meta.n=4"
+    assert counts.problem([1, 3], {"n": 4}) is None
+
+
+def test_a_message_counts_its_parameters() -> None:
+    m = Message(tensors={"a": torch.zeros(2, 3), "b": torch.zeros(4)}, meta={})
+    assert m.num_parameters() == 10

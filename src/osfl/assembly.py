@@ -43,7 +43,7 @@ from osfl.fl.context import ModelSpec, RunContext
 from osfl.fl.evaluate import evaluate, local_test_accuracy
 from osfl.fl.method import METHODS, Method, Reporting, capability, give_validation
 from osfl.fl.progress import Progress
-from osfl.fl.provenance import compute_environment
+from osfl.fl.provenance import compute_dtype, compute_environment
 from osfl.fl.regimes import run_regime
 from osfl.fl.runtime.base import Job, PartitionedData, RunResult, Runtime
 from osfl.fl.runtime.simulation import SimulationRuntime
@@ -555,7 +555,10 @@ def record_provenance(
     cfg: ExperimentConfig, job: Job, ctx: SeedContext, weights: Mapping[str, Any] | None
 ) -> dict[str, Any]:
     """The environment the clients trained in (torch, CPU kernel path,
-    device; the threads are ``threads_per_client``), and fingerprints of the
+    device, on a GPU its name, driver and torch build; the threads are
+    ``threads_per_client``), the dtype local training computed in (``dtype``:
+    ``bfloat16`` / ``float16`` under ``train.amp`` on a GPU, else
+    ``float32``), and fingerprints of the
     data (content hashes of the train and test images the server held; a
     real-sites server holds none) and of the pretrained weights."""
     env = {k: v for k, v in compute_environment(job.run.device).items() if k != "threads"}
@@ -565,6 +568,7 @@ def record_provenance(
         data.update(train=splits.train.fingerprint(), test=splits.test.fingerprint())
     return {
         **env,
+        "dtype": compute_dtype(job.run.device, job.run.train.amp),
         "threads_per_client": cfg.threads_per_client,
         "data": data,
         "pretrained_sha256": (weights or {}).get("sha256"),

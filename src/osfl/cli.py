@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shlex
 import sys
 from collections.abc import Sequence
@@ -447,6 +448,79 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- suite
+def cmd_suite(args: argparse.Namespace) -> int:
+    """``osfl suite run|list|pack|mfu``: a lent GPU's minutes as REPRODUCTION
+    rows (docs/gpu-suite.md)."""
+    if args.suite_command == "mfu":
+        # heavy: torch (the benchmark)
+        from osfl.suite import mfu
+
+        return mfu.main(args.rest)
+    if args.suite_command == "pack":
+        # heavy: numpy (osfl.suite.pack)
+        from osfl.suite.pack import pack
+
+        source = args.cifar10 or os.environ.get("OSFL_CIFAR10")
+        manifest = pack(args.out, cifar10=source, weights=args.weights or [],
+                        max_per_class=args.max_per_class)  # fmt: skip
+        for name, entry in manifest["files"].items():
+            print(f"{args.out}/{name}: {entry['bytes'] / 2**20:.1f} MiB")
+        print(f"total {manifest['total_bytes'] / 2**20:.1f} MiB of "
+              f"{manifest['limit_bytes'] / 2**20:.0f} MiB")  # fmt: skip
+        return 0
+    from osfl.suite.plan import STEPS, select_steps
+
+    sections = [s for s in (args.sections or "").split(",") if s]
+    if args.suite_command == "list":
+        for step in select_steps(sections, STEPS):
+            print(f"{step.section:9} {step.name:20} osfl {shlex.join(step.argv)}")
+        return 0
+    # heavy: numpy (osfl.suite.execute reads packs), torch once a step runs
+    from osfl.suite.execute import SuiteRequest, run_suite
+
+    pack_dir = Path(args.pack) if args.pack and Path(args.pack).exists() else None
+    req = SuiteRequest(out=Path(args.out), budget_min=args.budget, sections=sections,
+                       dry_run=args.dry_run, pack_dir=pack_dir,
+                       unpack_dir=Path(args.unpack_to))  # fmt: skip
+    result = run_suite(req, main)
+    done = sum(p.status == "done" for p in result.planned)
+    print(f"{done} of {len(result.planned)} steps finished in {result.wall_s:.0f} s "
+          f"(calibration {result.calibration_s:.0f} s); rows: {args.out}/reproduction_gpu.md")  # fmt: skip
+    return 0
+
+
+def _add_suite_parser(sub: Any) -> None:
+    suite = sub.add_parser(
+        "suite", help="a lent GPU's budget as paper-scale runs and REPRODUCTION rows"
+    )
+    ssub = suite.add_subparsers(dest="suite_command", required=True)
+    srun = ssub.add_parser("run", help="calibrate, plan within the budget, run, write the rows")
+    srun.add_argument("--budget", type=float, required=True, help="device minutes to spend")
+    srun.add_argument("--sections", help="comma-separated sections (default all): "
+                      "pretrain,frozen,fafi,mfu,eftvit")  # fmt: skip
+    srun.add_argument("--out", default="runs/suite", help="the suite's directory")
+    srun.add_argument("--pack", default="gpu_pack", help="the packed data folder, if present")
+    srun.add_argument("--unpack-to", default=".osfl_cache/gpu_pack",
+                      help="where the pack's image folder is written back (once)")  # fmt: skip
+    srun.add_argument("--dry-run", action="store_true",
+                      help="the same path on a CPU at a tiny scale (8-px digits)")  # fmt: skip
+    srun.set_defaults(func=cmd_suite)
+    slist = ssub.add_parser("list", help="the catalogue of steps in order of value")
+    slist.add_argument("--sections", help="comma-separated sections (default all)")
+    slist.set_defaults(func=cmd_suite)
+    spack = ssub.add_parser("pack", help="pack CIFAR-10 and weights for a lent machine")
+    spack.add_argument("--out", default="gpu_pack", help="the pack folder (git-ignored)")
+    spack.add_argument("--cifar10", help="the CIFAR-10 image folder (default $OSFL_CIFAR10)")
+    spack.add_argument("--weights", action="append", help="a weights file (repeatable)")
+    spack.add_argument("--max-per-class", type=int, help="pack at most this many images per class")
+    spack.set_defaults(func=cmd_suite)
+    smfu = ssub.add_parser("mfu", help="MFU of one training step (osfl suite mfu --help)",
+                           add_help=False)  # fmt: skip
+    smfu.add_argument("rest", nargs=argparse.REMAINDER)
+    smfu.set_defaults(func=cmd_suite)
+
+
 # --------------------------------------------------------------------------- main
 VERBOSE_HELP = (
     "more log output: -v shows each client's training and each method's result "
@@ -593,6 +667,7 @@ def build_parser() -> argparse.ArgumentParser:
     pre.add_argument("--no-progress", action="store_true", help="no progress bars")
     _verbose_here(pre)
     pre.set_defaults(func=cmd_pretrain)
+    _add_suite_parser(sub)
 
     flower = sub.add_parser("flower", help="tools for Flower deployments (docs/flower.md)")
     fsub = flower.add_subparsers(dest="flower_command", required=True)
@@ -675,6 +750,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     # ``osfl run CONFIG --out DIR key=value``: overrides may follow options.
     args, extra = parser.parse_known_args(argv)
+    if extra and getattr(args, "suite_command", None) == "mfu":
+        args.rest, extra = [*extra, *args.rest], []  # the benchmark parses its own options
     if extra:
         if args.command != "run" or any(e.startswith("-") or "=" not in e for e in extra):
             parser.error(f"unrecognized arguments: {' '.join(extra)}")

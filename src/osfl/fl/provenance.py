@@ -16,13 +16,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["compute_environment"]
+__all__ = ["compute_dtype", "compute_environment"]
 
 
 def compute_environment(device: torch.device | str = "cpu") -> dict[str, Any]:
     """The torch build, the CPU kernel path, the torch threads in force now,
-    and the device (on a GPU: its name, the CUDA runtime torch was built
-    with, and the driver's version where torch reports it)."""
+    and the device (on a GPU: its name and compute capability, the CUDA
+    runtime and cuDNN torch was built with, torch's git commit, and the
+    driver's version where NVML reports it)."""
     dev = torch.device(device)
     env: dict[str, Any] = {
         "torch": torch.__version__,
@@ -32,9 +33,21 @@ def compute_environment(device: torch.device | str = "cpu") -> dict[str, Any]:
     }
     if dev.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(dev)
+        env["gpu_capability"] = ".".join(map(str, torch.cuda.get_device_capability(dev)))
         env["cuda"] = torch.version.cuda
+        env["cudnn"] = torch.backends.cudnn.version()
+        env["torch_git"] = torch.version.git_version
         env["cuda_driver"] = _driver_version()
     return env
+
+
+def compute_dtype(device: torch.device | str, amp: bool) -> str:
+    """The dtype local training computes in: on a GPU with ``amp``, bfloat16
+    where the GPU supports it, else float16 (with loss scaling); float32
+    otherwise (osfl's training never autocasts on a CPU)."""
+    if not (amp and torch.device(device).type == "cuda"):
+        return "float32"
+    return "bfloat16" if torch.cuda.is_bf16_supported() else "float16"
 
 
 def _driver_version() -> str | None:

@@ -35,6 +35,7 @@ from osfl.errors import DataError
 from osfl.fl.objectives import ObjectiveTerm
 from osfl.fl.optim import build_optimizer, build_schedule, is_constant_schedule
 from osfl.fl.progress import Progress, ProgressTask
+from osfl.fl.provenance import compute_dtype
 from osfl.fl.seeds import derive_seed
 from osfl.fl.train_config import TrainConfig
 
@@ -245,9 +246,9 @@ def stats_health(stats: Mapping[str, Any]) -> tuple[str, ...]:
         return tuple(str(w) for w in stats.get("warnings") or ())
 
 
-def _autocast_dtype() -> torch.dtype:
+def _autocast_dtype(device: torch.device) -> torch.dtype:
     # bf16 needs no loss scaling; fp16 (older GPUs) goes through a GradScaler.
-    return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return getattr(torch, compute_dtype(device, amp=True))
 
 
 class _Stepper:
@@ -273,7 +274,7 @@ class _Stepper:
         for term in terms:
             term.setup(model, self.optimizer)
         use_amp = cfg.amp and device.type == "cuda"
-        dtype = _autocast_dtype() if use_amp else torch.float32
+        dtype = _autocast_dtype(device) if use_amp else torch.float32
         self.scaler = torch.amp.GradScaler("cuda") if use_amp and dtype == torch.float16 else None
         # hooks and clipping must see true gradients, so unscale fp16 grads before them
         self.unscale = self.scaler is not None and (cfg.grad_clip is not None or bool(terms))
