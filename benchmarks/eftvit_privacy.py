@@ -2,7 +2,7 @@
 what median sampling shows of a client's labels (§3.4).
 
 EFTViT ("Efficient Federated Training of Vision Transformers with Masked
-Images on Resource-Constrained Clients", ``papers/003_*``) argues that its
+Images on Resource-Constrained Clients") argues that its
 uploads, the local module's tokens of 25 % of each image's patches, are hard
 to turn back into images, and that median sampling hides each client's
 class proportions. This script measures both on the run a config describes:

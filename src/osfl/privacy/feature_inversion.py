@@ -1,6 +1,6 @@
 """Feature inversion: can a server turn uploaded patch features back into images?
 
-EFTViT (``papers/003_*``, §3.6 and Fig. 5) uploads the local module's output
+EFTViT (§3.6 and Fig. 5 of its paper) uploads the local module's output
 tokens of masked images and argues they are hard to invert: only 25 % of the
 patches are encoded, and a decoder fed with the features of the first M
 blocks at various rounds reconstructs heavily distorted images. This module

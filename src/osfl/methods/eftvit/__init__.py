@@ -1,5 +1,5 @@
 """EFTViT ("EFTViT: Efficient Federated Training of Vision Transformers with
-Masked Images on Resource-Constrained Clients", ``papers/003_*``): masked-image
+Masked Images on Resource-Constrained Clients"): masked-image
 training of private local modules on the clients (:mod:`.client`), median
 sampling of the uploaded patch features (:mod:`.sampling`, :mod:`.upload`),
 training of the global module on the server (:mod:`.server`), the method

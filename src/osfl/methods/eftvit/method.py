@@ -1,7 +1,7 @@
 """EFTViT as an osfl :class:`~osfl.fl.method.Method` (multi-round).
 
 "EFTViT: Efficient Federated Training of Vision Transformers with Masked
-Images on Resource-Constrained Clients" (``papers/003_*``; no public code),
+Images on Resource-Constrained Clients" (no public code),
 §3 and §4.2. Each round:
 
 1. the server broadcasts the **global module** (blocks M..L-1, final norm)
