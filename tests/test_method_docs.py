@@ -12,23 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs" / "methods").glob("*.md"))
 
-#: Pages rewritten on another branch; flip these when that branch is merged.
-ELSEWHERE: set[str] = set()  # eftvit.md landed with its branch (eftvit-both)
-
 COMMIT = re.compile(r"\b[0-9a-f]{7,40}\b")
-
-
-def _params() -> list:
-    return [
-        pytest.param(
-            page,
-            id=page.name,
-            marks=pytest.mark.xfail(strict=True, reason="rewritten on another branch"),
-        )
-        if page.name in ELSEWHERE
-        else pytest.param(page, id=page.name)
-        for page in PAGES
-    ]
 
 
 def _section(text: str, heading: str) -> str:
@@ -47,10 +31,9 @@ def _section(text: str, heading: str) -> str:
 
 def test_there_are_method_pages() -> None:
     assert len(PAGES) >= 10
-    assert ELSEWHERE.issubset(p.name for p in PAGES)
 
 
-@pytest.mark.parametrize("page", _params())
+@pytest.mark.parametrize("page", [pytest.param(p, id=p.name) for p in PAGES])
 def test_page_names_the_code_compared_with(page: Path) -> None:
     lines = [ln for ln in page.read_text(encoding="utf-8").splitlines() if "Compared with:" in ln]
     assert lines, f"{page.name}: no 'Compared with:' line"
@@ -61,7 +44,7 @@ def test_page_names_the_code_compared_with(page: Path) -> None:
         )
 
 
-@pytest.mark.parametrize("page", _params())
+@pytest.mark.parametrize("page", [pytest.param(p, id=p.name) for p in PAGES])
 def test_page_lists_its_departures(page: Path) -> None:
     text = page.read_text(encoding="utf-8")
     assert "### Departures" in text.splitlines(), f"{page.name}: no '### Departures' heading"
