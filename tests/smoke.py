@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import osfl.methods  # noqa: F401  (registers the methods)
@@ -72,3 +73,24 @@ def first_aggregation(job: Job) -> tuple[Any, dict[int, Upload]]:
     except _FirstAggregate as got:
         return got.state, got.uploads
     raise AssertionError(f"{job.method.name} never aggregated")
+
+
+def tiny_cli_args(
+    tmp_path: Path, methods: str = "fedavg,ensemble", *, progress: bool = False
+) -> list[str]:
+    """``osfl run`` overrides for a seconds-long CLI run on 8-px digits (two
+    clients, one epoch, a cache of its own under ``tmp_path``)."""
+    args = [
+        "data.image_size=8",
+        "data.max_per_class=10",
+        "partition.num_clients=2",
+        "partition.alpha=1.0",
+        "partition.min_partition_size=2",
+        "model.kwargs={width: 4}",
+        "train.epochs=1",
+        "train.batch_size=16",
+        f"methods=[{methods}]",
+        "threads_per_client=1",
+        f"cache_dir={tmp_path / 'cache'}",
+    ]
+    return args if progress else [*args, "--no-progress"]

@@ -12,6 +12,7 @@ import pytest
 from PIL import Image
 
 from osfl.cli import main
+from smoke import tiny_cli_args
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,20 +28,7 @@ def error_line(capsys, argv: list[str]) -> str:
 
 
 def tiny(tmp_path: Path) -> list[str]:
-    return [
-        "data.image_size=8",
-        "data.max_per_class=10",
-        "partition.num_clients=2",
-        "partition.alpha=1.0",
-        "partition.min_partition_size=2",
-        "model.kwargs={width: 4}",
-        "train.epochs=1",
-        "train.batch_size=16",
-        "methods=[fedavg]",
-        "threads_per_client=1",
-        f"cache_dir={tmp_path / 'cache'}",
-        "--no-progress",
-    ]
+    return tiny_cli_args(tmp_path, "fedavg")
 
 
 def test_a_cifar_config_without_its_folder_names_osfl_cifar10(tmp_path, capsys, monkeypatch):

@@ -11,23 +11,11 @@ from pathlib import Path
 import pytest
 
 from osfl.cli import main
+from smoke import tiny_cli_args
 
 
 def tiny(tmp_path: Path) -> list[str]:
-    return [
-        "data.image_size=8",
-        "data.max_per_class=10",
-        "partition.num_clients=2",
-        "partition.alpha=1.0",
-        "partition.min_partition_size=2",
-        "model.kwargs={width: 4}",
-        "train.epochs=1",
-        "train.batch_size=16",
-        "methods=[fedavg,ensemble]",
-        "threads_per_client=1",
-        f"cache_dir={tmp_path / 'cache'}",
-        "--no-progress",
-    ]
+    return tiny_cli_args(tmp_path)
 
 
 def records(out: Path) -> list[dict]:
