@@ -5,18 +5,22 @@ torchvision-style input pipeline, without torchvision).
 
 Augmentation in both: pad-4 random crop, horizontal flip, colour jitter
 (0.4, 0.4, 0.4, 0.1; random op order per sample), normalise. Same images (a
-CIFAR-10 subset from data/cifar10 via the image-folder loader when
-present, else scikit-learn digits at 32 px), same batch size, same machine.
+CIFAR-10 subset read by the image-folder loader from ``--cifar10`` or
+``$OSFL_CIFAR10`` (README), else scikit-learn digits at 32 px), same batch
+size, same machine.
 
-    python benchmarks/bench_pipeline.py [--per-class 500] [--batch-size 256] [--epochs 2] [--threads 1]
+    OSFL_CIFAR10=/path/to/cifar10 python benchmarks/bench_pipeline.py [--per-class 500]
+        [--batch-size 256] [--epochs 2] [--threads 1] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import time
-from pathlib import Path
+from collections import defaultdict
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -25,8 +29,6 @@ from torch.utils.data import DataLoader, Dataset
 
 from osfl.data import BatchIterator, channel_stats, load_data
 from osfl.data import transforms as T
-
-CIFAR = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "cifar10"
 
 
 class PILAugmented(Dataset):
@@ -86,12 +88,50 @@ def time_epochs(make_iter, epochs: int) -> float:
     return n / (time.perf_counter() - start)
 
 
+def profile(tf: T.Compose, batches: Callable[[], object]) -> str:
+    """Seconds per epoch in each step of the batched pipeline: batching, each
+    transform, and inside the colour jitter each of its four ops (timed by
+    wrapping them; the jitter's own bookkeeping is its total minus its ops)."""
+    spent: dict[str, float] = defaultdict(float)
+
+    def timed(name: str, fn: Callable) -> Callable:
+        def call(*a):
+            t = time.perf_counter()
+            out = fn(*a)
+            spent[name] += time.perf_counter() - t
+            return out
+
+        return call
+
+    ops = T.ColorJitter._OPS
+    T.ColorJitter._OPS = tuple(timed(f"  jitter: {op.__name__}", op) for op in ops)
+    steps = [(type(t).__name__, timed(type(t).__name__, t)) for t in tf.transforms]
+    gen = torch.Generator().manual_seed(0)
+    try:
+        t = time.perf_counter()
+        for x, _y in batches():
+            spent["batching (BatchIterator)"] += time.perf_counter() - t
+            for _name, step in steps:
+                x = step(x, gen)
+            t = time.perf_counter()
+    finally:
+        T.ColorJitter._OPS = ops
+    total = sum(v for k, v in spent.items() if not k.startswith("  "))
+    lines = ["\n| step (one epoch) | seconds | share of the epoch |", "|---|---:|---:|"]
+    lines += [f"| {k} | {v:.3f} | {100 * v / total:.0f} % |" for k, v in spent.items()]
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--per-class", type=int, default=500, help="CIFAR-10 train images per class")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--cache-dir", default=None, help="decoded-image cache for the CIFAR subset")
+    ap.add_argument("--cifar10", default=os.environ.get("OSFL_CIFAR10"),
+                    help="CIFAR-10 image folder (default $OSFL_CIFAR10; none: digits)")  # fmt: skip
+    ap.add_argument("--profile", action="store_true",
+                    help="also time each step of the batched pipeline (and each jitter op)")  # fmt: skip
     ap.add_argument(
         "--threads", type=int, default=1,
         help="torch intra-op threads of the batched pipeline (DataLoader workers use 1 each)",
@@ -99,16 +139,16 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 
-    if CIFAR.is_dir():
-        src = f"CIFAR-10 subset ({args.per_class}/class) from {CIFAR.resolve()}"
+    if args.cifar10:
+        src = f"CIFAR-10 subset ({args.per_class}/class) from {args.cifar10}"
         splits = load_data(
-            f"imagefolder:{CIFAR}",
+            f"imagefolder:{args.cifar10}",
             max_per_class=args.per_class,
             test_max_per_class=1,
             cache_dir=args.cache_dir,
         )
     else:
-        src = "digits at 32 px, RGB (CIFAR-10 not found)"
+        src = "digits at 32 px, RGB (no --cifar10 / $OSFL_CIFAR10)"
         splits = load_data("digits", image_size=32, channels=3)
     train = splits.train
     mean, std = channel_stats(train)
@@ -145,6 +185,8 @@ def main() -> None:
             ("DataLoader + PIL/numpy per sample", str(workers), time_epochs(make, args.epochs))
         )
 
+    if args.profile:
+        print(profile(tf, lambda: BatchIterator.from_imageset(train, args.batch_size, generator=gen)))
     ours = rows[0][2]
     print("\n| pipeline | workers | images/s | batched / this |\n|---|---|---:|---:|")
     for name, w, ips in rows:

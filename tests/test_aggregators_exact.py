@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 
 from osfl.fl.aggregators import aggregate_states, krum_scores, krum_tolerance
@@ -82,3 +83,11 @@ def test_krum_of_half_precision_states_without_a_reference() -> None:
     states = [{"w": torch.tensor([v], dtype=torch.bfloat16)} for v in vals]
     out = aggregate_states(states, [1] * 5, ServerConfig(aggregator="krum"), rule="krum")
     assert out["w"].dtype == torch.bfloat16 and float(out["w"]) == 1004.0
+
+
+def test_the_default_rule_is_the_weighted_mean_and_no_state_is_refused() -> None:
+    states = [{"w": torch.tensor([0.0, 4.0])}, {"w": torch.tensor([8.0, 0.0])}]
+    out = aggregate_states(states, [3, 1], ServerConfig())
+    assert torch.equal(out["w"], torch.tensor([2.0, 3.0]))
+    with pytest.raises(ValueError, match=r"^aggregate_states needs at least one state$"):
+        aggregate_states([], [], ServerConfig())

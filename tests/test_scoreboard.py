@@ -115,6 +115,20 @@ def test_cli_prints_one_table_per_regime(tmp_path, capsys):
     assert "60.00" in frozen and "fedavg" not in frozen
 
 
+def test_cli_writes_each_rows_per_seed_values(tmp_path):
+    """``--per-seed``: the accuracies (%) behind each mean ± std, by seed."""
+    r1 = _run(tmp_path, "a", [_record("fedavg", 0, 0.2), _record("fedavg", 1, 0.4)])
+    r2 = _run(tmp_path, "b", [_record("fedcgs", 0, 0.6, regime="frozen_encoder")])
+    out = tmp_path / "seeds.json"
+    assert main(["table", str(r1), str(r2), "--per-seed", str(out)]) == 0
+    assert json.loads(out.read_text()) == [
+        {"point": "partition.alpha=0.1", "method": "fedavg", "regime": "scratch",
+         "accuracy": {"0": 20.0, "1": 40.0}, "mean": 30.0, "std": 14.1421},
+        {"point": "partition.alpha=0.1", "method": "fedcgs", "regime": "frozen_encoder",
+         "accuracy": {"0": 60.0}, "mean": 60.0, "std": 0.0},
+    ]  # fmt: skip
+
+
 def test_cli_refuses_a_directory_that_is_not_a_run(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["table", str(tmp_path)])

@@ -50,6 +50,48 @@ def test_fista_reaches_the_certified_minimiser(seed):
     assert _fista(Q, c, start, 3, 0.0)[1] == 3
 
 
+def _reference_fista(Q, c, z0, iters):
+    """FISTA as Beck & Teboulle (2009) write it (their Eqs. 4.1-4.3) with the
+    simplex projection as the proximal step and step 1/L, L = λmax(Q); the
+    best iterate by objective is returned, as osfl keeps it."""
+    f = lambda v: 0.5 * v @ Q @ v - c @ v  # noqa: E731
+    step = 1.0 / np.linalg.eigvalsh(Q).max()
+    x_prev, y, t = z0.copy(), z0.copy(), 1.0
+    best = z0.copy()
+    for _ in range(iters):
+        x = project_simplex(y - step * (Q @ y - c))
+        t_next = (1.0 + np.sqrt(1.0 + 4.0 * t**2)) / 2.0
+        y = x + (t - 1.0) / t_next * (x - x_prev)
+        best = x.copy() if f(x) < f(best) else best
+        x_prev, t = x, t_next
+    return best
+
+
+@pytest.mark.parametrize("scale", [3.0, 0.4])  # λmax(Q) above and below 1
+@pytest.mark.parametrize("iters", [1, 2, 7])
+def test_fista_iterates_are_beck_and_teboulles(scale, iters):
+    """Step, momentum and best-iterate rule equal the paper's FISTA, iterate
+    for iterate (the convergence test alone cannot see a wrong momentum)."""
+    A, u = _problem(11)
+    Q, c = A.T @ A, A.T @ u
+    Q, c = scale * Q / np.linalg.eigvalsh(Q).max(), scale * c / np.linalg.eigvalsh(Q).max()
+    start = np.full(6, 1 / 6)
+    z, it = _fista(Q, c, start, iters, -1.0)  # a negative tolerance never stops it
+    assert it == iters
+    np.testing.assert_allclose(z, _reference_fista(Q, c, start, iters), rtol=0, atol=1e-13)
+
+
+def test_fista_stops_only_when_an_iterate_moves_less_than_the_tolerance():
+    """At a vertex the iterates stop moving (moved == 0): tolerance 0 never
+    stops the loop, any positive one stops it there; no iterations, count 0."""
+    Q, c = np.eye(3), np.array([10.0, 0.0, 0.0])  # the minimiser is the vertex e0
+    start = np.full(3, 1 / 3)
+    z, it = _fista(Q, c, start, 12, 0.0)
+    assert it == 12 and np.array_equal(z, [1.0, 0.0, 0.0])
+    assert _fista(Q, c, start, 12, 1e-12)[1] < 12
+    assert _fista(Q, c, start, 0, 0.0)[1] == 0
+
+
 def test_fista_without_curvature_returns_its_start():
     z0 = np.array([0.5, 0.5])
     z, it = _fista(np.zeros((2, 2)), np.ones(2), z0, 100, 1e-9)

@@ -69,6 +69,18 @@ def test_random_crop_is_a_window_of_the_padded_image_and_varies_per_sample():
     assert not torch.equal(T.RandomCrop(12, padding=4)(x, gen(4)), y)
 
 
+def test_random_crop_of_a_rectangle_is_a_window_of_the_padded_rectangle():
+    """Height and width index the flattened image separately (rows × padded width)."""
+    x = torch.rand(6, 3, 9, 14)
+    y = T.RandomCrop((7, 10), padding=2)(x, gen(5))
+    assert y.shape == (6, 3, 7, 10)
+    padded = torch.nn.functional.pad(x, (2, 2, 2, 2))
+    for i in range(len(y)):
+        hits = [(t, s) for t in range(7) for s in range(9)
+                if torch.equal(y[i], padded[i, :, t : t + 7, s : s + 10])]  # fmt: skip
+        assert len(hits) == 1
+
+
 def test_random_crop_bad_args():
     with pytest.raises(ConfigError, match="padding"):
         T.RandomCrop(8, padding=-1)

@@ -124,6 +124,9 @@ def cmd_table(args: argparse.Namespace) -> int:
         print(report.summary_markdown(rows, title=" + ".join(args.run_dirs)))
     else:
         _print_scoreboards(_console(), records, " + ".join(args.run_dirs))
+    if args.per_seed:
+        Path(args.per_seed).write_text(json.dumps(report.per_seed(records), indent=1) + "\n")
+        print(f"per-seed values: {args.per_seed}")
     if args.frontier:
         if report.plot_frontier(records, args.frontier) is None:
             raise ConfigError("--frontier needs records of at least two methods")
@@ -607,6 +610,11 @@ def build_parser() -> argparse.ArgumentParser:
     tab.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories to merge")
     tab.add_argument("--markdown", action="store_true", help="print GitHub Markdown tables")
     tab.add_argument("--frontier", metavar="PNG", help="also plot accuracy against total bytes")
+    tab.add_argument(
+        "--per-seed",
+        metavar="JSON",
+        help="also write each row's per-seed accuracies (REPRODUCTION's reproduction/*.json)",
+    )
     tab.add_argument(
         "--allow-unkeyed",
         action="store_true",

@@ -175,13 +175,20 @@ class Row:
     at_sites: bool = False  # accuracy pooled from the sites' own test sets (real sites)
 
 
-def summarize(records: Sequence[Mapping[str, Any]]) -> list[Row]:
-    """Group by (grid point, method) in first-seen order; mean ± std over seeds."""
+def _by_point_and_method(
+    records: Sequence[Mapping[str, Any]],
+) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
+    """(grid point, method) -> its records (one per seed), in first-seen order."""
     groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for r in records:
         groups.setdefault((r.get("point", ""), r["method"]), []).append(r)
+    return groups
+
+
+def summarize(records: Sequence[Mapping[str, Any]]) -> list[Row]:
+    """Group by (grid point, method) in first-seen order; mean ± std over seeds."""
     rows = []
-    for (point, method), recs in groups.items():
+    for (point, method), recs in _by_point_and_method(records).items():
         rows.append(
             Row(
                 point=point,
@@ -203,6 +210,22 @@ def summarize(records: Sequence[Mapping[str, Any]]) -> list[Row]:
             )
         )
     return rows
+
+
+def per_seed(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The table's rows with the per-seed accuracies (%) behind each mean ± std:
+    what REPRODUCTION keeps under ``reproduction/`` so a reader can re-derive a
+    row, test another ordering or pool seeds, without the run directories."""
+    out = []
+    for (point, method), recs in _by_point_and_method(records).items():
+        scored = [r for r in recs if r.get("global_test_accuracy") is not None]
+        acc = {str(r["seed"]): round(100 * float(r["global_test_accuracy"]), 4) for r in scored}
+        stat = Stat.of(list(acc.values()))
+        if stat is None:
+            continue
+        row = {"point": point, "method": method, "regime": str(recs[0].get("regime", ""))}
+        out.append({**row, "accuracy": acc, "mean": round(stat.mean, 4), "std": round(stat.std, 4)})
+    return out
 
 
 def by_regime(rows: Sequence[Row]) -> dict[str, list[Row]]:

@@ -15,7 +15,9 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,6 +34,8 @@ BatchLoss = Callable[..., torch.Tensor]
 EpochScore = Callable[[nn.Module], float]
 #: Which epoch's weights :func:`fit` leaves in the model without a ``score``.
 KEEPS = ("last", "lowest_loss")
+#: What :func:`fit` computes each batch's forward pass in (``FitConfig.autocast``).
+AUTOCASTS = ("none", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -40,7 +44,11 @@ class FitConfig:
     batches of ``batch_size`` with ``optimizer`` at ``lr`` (schedule per step).
     ``keep``: the weights left at the end, the ``last`` epoch's or those of
     the epoch with the ``lowest_loss`` (mean training loss; FALCON's authors
-    keep their generator this way)."""
+    keep their generator this way). ``autocast: bfloat16`` runs each batch's
+    forward pass under :func:`torch.autocast` in bfloat16, on a CPU too (the
+    loss functions cast their results to float32): 1.6× per FALCON generator
+    step on a CPU with AVX-512 BF16 at the same loss curve (BENCHMARKS.md);
+    off by default, since it changes results in their last digits."""
 
     #: passes over the training tensors
     epochs: int = 60
@@ -58,10 +66,16 @@ class FitConfig:
     grad_clip: float | None = None
     #: the weights left at the end: the last epoch's, or the lowest_loss epoch's
     keep: str = "last"
+    #: forward pass under torch.autocast in bfloat16 (on CPU too), or none: float32
+    autocast: str = "none"
 
     def __post_init__(self) -> None:
         if self.keep not in KEEPS:
             raise ConfigError(f"keep must be one of {', '.join(KEEPS)}; got {self.keep!r}")
+        if self.autocast not in AUTOCASTS:
+            raise ConfigError(
+                f"autocast must be one of {', '.join(AUTOCASTS)}; got {self.autocast!r}"
+            )
         if self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
         if self.batch_size < 1:
@@ -115,6 +129,11 @@ def fit(
     schedule = build_schedule(optimizer, ocfg, cfg.epochs * per_epoch)
     losses: list[float] = []
     best = _BestEpoch()
+    autocast: Callable[[], AbstractContextManager[Any]] = (
+        (lambda: torch.autocast(device.type, dtype=torch.bfloat16))
+        if cfg.autocast == "bfloat16"
+        else nullcontext
+    )
     task = (progress or Progress()).task(description, cfg.epochs)
     # dropout draws from the global RNG: seed it from ``generator`` inside a fork
     forked = [device] if device.type == "cuda" else []
@@ -126,7 +145,8 @@ def fit(
             total = torch.zeros((), device=device)
             for i in range(0, n, cfg.batch_size):
                 idx = order[i : i + cfg.batch_size]
-                loss = loss_fn(model, *(t[idx] for t in data))
+                with autocast():
+                    loss = loss_fn(model, *(t[idx] for t in data))
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.grad_clip is not None:

@@ -324,10 +324,11 @@ class MDNHead(nn.Module):
     def forward(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out = self.proj(h).float()
         k, d = self.k, self.dim
-        logit_pi = out[..., :k]
-        mu = out[..., k : k + k * d].unflatten(-1, (k, d))
-        logvar = out[..., k + k * d :].unflatten(-1, (k, d)).clamp(*self.logvar_range)
-        return logit_pi, mu, logvar
+        # one split, not three slices: a slice's backward writes its gradient into
+        # a zero-filled copy of the whole output (three per step, 7 % of a
+        # generator step on CPU, BENCHMARKS.md); split's backward concatenates
+        logit_pi, mu, logvar = out.split([k, k * d, k * d], dim=-1)
+        return logit_pi, mu.unflatten(-1, (k, d)), logvar.unflatten(-1, (k, d)).clamp(*self.logvar_range)
 
 
 class SequenceGenerator(nn.Module):
