@@ -6,6 +6,7 @@ directory that is not a run)."""
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +87,23 @@ def test_audit_truth() -> None:
     approx = audit_truth(data, {"train": {"epochs": 3, "steps": 5}})
     assert approx["approximate"] is True
     assert audit_truth(None, {}) is None
+
+
+def test_audit_truth_one_epoch_is_exact_and_drop_last_is_approximate(caplog) -> None:
+    """One full epoch uses every sample once (exact, repeated once); with
+    ``drop_last`` some samples are never used, so the data labels are only
+    an approximation of the step labels, and the log says so."""
+    labels = torch.tensor([0, 1, 1])
+    data = {"labels": labels, "num_classes": 2}  # no label_source: the data labels
+    once = audit_truth(data, {"train": {"epochs": 1}})
+    assert once["label_source"] == "data_x_epochs" and once["labels"].tolist() == [0, 1, 1]
+    assert "approximate" not in once
+    with caplog.at_level(logging.WARNING):
+        dropped = audit_truth(data, {"train": {"epochs": 3, "drop_last": True}})
+    assert dropped["approximate"] is True and dropped["labels"] is labels
+    assert [r.getMessage() for r in caplog.records] == [
+        "audit truth is the client's data labels, not its step labels (approximate)"
+    ]
 
 
 def test_aux_set_takes_per_class_and_is_seeded() -> None:
@@ -199,3 +217,17 @@ def test_audit_rows_split_the_initial_and_the_trained_model() -> None:
     assert f"| fedavg | rlu | {server} | initial | 5 | 1 | 100.0 ± 0.0 | 100.0 ± 0.0 | 0 |" in md
     assert f"| fedavg | rlu | {server} | trained | 5–7 | 2 | 50.0 ± 0.0 | 50.0 ± 35.4 | 0 |" in md
     assert AttackSpec("rlu", {}, "x").key == "x"
+
+
+def test_an_observation_without_truth_is_a_failure_of_every_attack_with_its_place() -> None:
+    """No recorded labels: each attack lists the observation as failed, with
+    its round, client and the reason, and scores nothing."""
+    from osfl.fl.observation import Observation
+    from osfl.privacy.audit.scoring import score_observations
+
+    obs = Observation(client_id=3, round=2, truth=None)
+    aux = ImageSet(torch.zeros(2, 1, 4, 4, dtype=torch.uint8), torch.tensor([0, 1]), classes=("a", "b"))
+    out = score_observations([obs], [AttackSpec("llg+"), AttackSpec("rlu", label="r")], aux)
+    for key in ("llg+", "r"):
+        assert out[key]["failed"] == [{"round": 2, "client": 3, "reason": "no ground truth recorded"}]
+        assert out[key]["per_observation"] == []

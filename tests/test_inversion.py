@@ -99,3 +99,38 @@ def test_match_and_score_is_order_invariant():
     assert a["psnr"] == pytest.approx(b["psnr"]) and a["ssim"] == pytest.approx(b["ssim"])
     assert b["assignment"] == [1, 3, 0, 2]
     assert a["psnr"] > 20
+
+
+def _points(xy: list[list[float]]) -> torch.Tensor:
+    """2-D points as 8×8 grey images (the first two pixels; distances kept)."""
+    img = torch.zeros(len(xy), 1, 8, 8)
+    img[:, 0, 0, :2] = torch.tensor(xy) / 4
+    return img
+
+
+def test_match_and_score_pairs_by_the_least_total_squared_error():
+    """The assignment minimises the summed *squared* distance (the MSE): on
+    these points it differs from the one of summed distances cubed."""
+    recon = _points([[3.4, 0.1], [2.9, 0.7], [3.5, 2.2]])
+    truth = _points([[1.2, 1.7], [0.1, 0.5], [2.7, 2.6]])
+    assert match_and_score(recon, truth)["assignment"] == [1, 0, 2]
+    with pytest.raises(ConfigError, match=r"^shapes differ: \(2, 1, 8, 8\) vs \(3, 1, 8, 8\)$"):
+        match_and_score(recon[:2], truth)
+
+
+def test_match_and_score_reports_the_mean_lpips_of_the_matched_pairs(monkeypatch):
+    import osfl.privacy.inversion as inversion
+
+    seen = []
+
+    def fake_lpips(x, y):
+        seen.append((x, y))
+        return torch.tensor([0.2, 0.4, 0.9])
+
+    monkeypatch.setattr(inversion, "lpips", fake_lpips)
+    truth = _points([[1.2, 1.7], [0.1, 0.5], [2.7, 2.6]])
+    out = match_and_score(truth[torch.tensor([2, 0, 1])], truth)
+    assert out["lpips"] == pytest.approx(0.5)
+    assert torch.equal(seen[0][0], truth) and torch.equal(seen[0][1], truth)  # matched back
+    monkeypatch.setattr(inversion, "lpips", lambda x, y: None)
+    assert "lpips" not in match_and_score(truth, truth)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
@@ -62,8 +64,46 @@ def test_psnr_known_value_and_ssim_identity():
         psnr(x, x[:1])
 
 
-def test_lpips_is_skipped_without_local_weights():
+def test_lpips_is_skipped_without_local_weights(caplog):
     x = torch.rand(1, 3, 16, 16)
-    if lpips_weights_available() is None:
+    why = lpips_weights_available()
+    if why is None:
         pytest.skip("LPIPS weights are present on this machine")
-    assert lpips(x, x) is None
+    with caplog.at_level(logging.INFO, logger="osfl.privacy.metrics"):
+        assert lpips(x, x) is None
+    assert [r.getMessage() for r in caplog.records] == [why]  # says why it is skipped
+
+
+def test_lpips_scores_each_image_pair_in_0_1_float_with_the_named_backbone(monkeypatch):
+    """LPIPS itself cannot run here (torchvision and its backbone weights are
+    absent); what osfl adds around torchmetrics' function can: images clamped
+    to [0, 1] in float32 and passed with ``normalize=True`` (torchmetrics then
+    maps them to [-1, 1]), one call per image pair, the backbone named."""
+    import torchmetrics.functional.image.lpips as tm_lpips
+
+    from osfl.privacy import metrics
+
+    calls: list[tuple[torch.Tensor, torch.Tensor, dict]] = []
+
+    def fake(a: torch.Tensor, b: torch.Tensor, **kw) -> torch.Tensor:
+        calls.append((a, b, kw))
+        return (a - b).abs().mean()
+
+    asked: list[str] = []
+    monkeypatch.setattr(metrics, "lpips_weights_available", lambda net: asked.append(net))
+    monkeypatch.setattr(tm_lpips, "learned_perceptual_image_patch_similarity", fake)
+    x = torch.tensor([[[[2.0, -1.0]]]]).expand(2, 3, 1, 2).clone()
+    x[1] = 0.25
+    y = torch.tensor([[[[-0.5, 2.5]]]], dtype=torch.float64).expand(2, 3, 1, 2)
+    out = lpips(x, y, net="vgg")  # x: [2, -1] and y: [-0.5, 2.5] clamp to [1, 0] and [0, 1]
+    assert asked == ["vgg"]  # the weights looked for are the named backbone's
+    assert out is not None and out.shape == (2,)
+    assert torch.allclose(out, torch.tensor([1.0, 0.5]))
+    assert len(calls) == 2
+    for a, b, kw in calls:
+        assert a.shape == (1, 3, 1, 2) and a.dtype == b.dtype == torch.float32
+        assert float(a.max()) <= 1.0 and float(a.min()) >= 0.0
+        assert kw == {"net_type": "vgg", "normalize": True}
+    calls.clear()
+    lpips(x, y)
+    assert calls[0][2]["net_type"] == "alex"  # the default backbone

@@ -1,0 +1,71 @@
+"""Choose each method's setting on the validation split, then report its test
+accuracy: the selection REPRODUCTION's rules ask for (never on the test set,
+the same number of candidates per method).
+
+Each run directory holds one candidate setting of the methods it ran (its
+name says which); every record must carry ``validation_accuracy`` (runs with
+``data.validation_fraction > 0``). For each method, the candidate with the
+highest mean validation accuracy over seeds is chosen (the first of equals,
+in the order given), and the table prints every candidate's validation and
+test accuracy (mean ± sample std over seeds) with the chosen one marked.
+
+    python benchmarks/select_on_validation.py RUN_DIR [RUN_DIR ...] [--per-seed OUT.json]
+
+``--per-seed`` writes, per method and candidate, the per-seed validation and
+test accuracies (%) and which candidate was chosen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from osfl.report import read_metrics
+
+
+def collect(run_dirs: list[str]) -> dict[str, dict[str, dict[str, dict[int, float]]]]:
+    """method -> candidate (run name) -> {"validation", "test"} -> seed -> %."""
+    out: dict[str, dict[str, dict[str, dict[int, float]]]] = defaultdict(dict)
+    for d in run_dirs:
+        for r in read_metrics(Path(d) / "metrics.json")["records"]:
+            if r.get("validation_accuracy") is None:
+                raise SystemExit(f"{d}: {r['method']} has no validation_accuracy "
+                                 "(run it with data.validation_fraction > 0)")  # fmt: skip
+            cand = out[r["method"]].setdefault(Path(d).name, {"validation": {}, "test": {}})
+            cand["validation"][int(r["seed"])] = round(100 * float(r["validation_accuracy"]), 4)
+            cand["test"][int(r["seed"])] = round(100 * float(r["global_test_accuracy"]), 4)
+    return out
+
+
+def cell(values: dict[int, float]) -> str:
+    v = [values[s] for s in sorted(values)]
+    return f"{statistics.mean(v):.2f} ± {statistics.stdev(v):.2f}" if len(v) > 1 else f"{v[0]:.2f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dirs", nargs="+")
+    ap.add_argument("--per-seed", help="write the per-seed values and the choices (JSON)")
+    args = ap.parse_args(argv)
+    table = collect(args.run_dirs)
+    print("| method | candidate (run) | validation (%) | test (%) | chosen |")
+    print("|---|---|---:|---:|---|")
+    dump = {}
+    for method, cands in table.items():
+        chosen = max(cands, key=lambda c: statistics.mean(cands[c]["validation"].values()))
+        for name, acc in cands.items():
+            mark = "**chosen**" if name == chosen else ""
+            print(f"| {method} | {name} | {cell(acc['validation'])} | {cell(acc['test'])} | {mark} |")
+        dump[method] = {"chosen": chosen, "candidates": {
+            n: {k: {str(s): v for s, v in sorted(a[k].items())} for k in a} for n, a in cands.items()
+        }}  # fmt: skip
+    if args.per_seed:
+        Path(args.per_seed).write_text(json.dumps(dump, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
