@@ -201,3 +201,39 @@ def test_statistics_no_features_can_produce_are_screened_out(tiny) -> None:
     assert m.screen({}, 0, 1, zero) is None
     state = m.aggregate(m.init_state(), {1: zero}, 0)
     assert torch.isfinite(state["weight"]).all() and torch.isfinite(state["bias"]).all()
+
+
+def test_upload_spec_state_release_and_report_exactly(tiny) -> None:
+    """What a client must send (float64 statistics of the run's shape, one
+    non-negative count per class summing to ``num_samples``), what the server
+    keeps per client, what it releases and reports; with ``covariance:
+    within`` the state's head is the within-class one."""
+    ctx = seed_ctx(tiny, 3, 0.5)
+    state, _ = run(ctx, covariance="within", shrinkage=0.2)
+    m = FedCGS(method_config(FedCGS, {"covariance": "within", "shrinkage": 0.2}), ctx.run)
+    spec = m.upload_spec(state, 0, 0)
+    c, d = ctx.run.num_classes, m.token_dim()
+    assert (spec.tensors["class_sums"].shape, spec.tensors["class_sums"].dtype) == ((c, d), torch.float64)
+    assert (spec.tensors["second_moment"].shape, spec.tensors["second_moment"].dtype) == ((d, d), torch.float64)
+    counts = spec.meta["class_counts"]
+    assert (counts.kind, counts.low, counts.length, counts.sum_of) == ("int_list", 0, c, "num_samples")
+    sizes = {k: len(ix) for k, ix in enumerate(ctx.federation.client_indices)}
+    assert {k: v["num_samples"] for k, v in state["clients"].items()} == sizes
+    assert set(m.release(state)) == {"weight", "bias"}
+    report = m.report(state)
+    assert report == {
+        "encoder": state["encoder"],
+        "bytes_up": {str(k): v["bytes"] for k, v in state["clients"].items()},
+        "gflops_per_sample": None,
+        "ridge": 0.2,
+        "covariance": "within",
+    }
+    assert m.report({"encoder": state["encoder"]})["bytes_up"] == {}
+    # the head is the within-class one of the pooled statistics
+    train = ctx.splits.train
+    feats = encode_images(m.encoder(), train.images, ctx.run.eval_transform, m.view_sets(),
+                          batch_size=64, device=torch.device("cpu"))[:, 0].double()  # fmt: skip
+    st = client_statistics(feats, train.labels, c)
+    w, _ = lda_head(st["class_sums"], st["class_counts"], st["second_moment"],
+                    shrinkage=0.2, covariance="within")  # fmt: skip
+    torch.testing.assert_close(state["weight"], w, rtol=1e-8, atol=1e-10)

@@ -336,6 +336,35 @@ def test_feddc_server_update_by_hand(digits) -> None:
     torch.testing.assert_close(hist[f"history.feddc.drift.{k}"], torch.full_like(corr, 0.3))
 
 
+def test_feddc_audit_history_names_exactly_what_the_server_knows(digits) -> None:
+    """RLU's h term for FedDC: the client's drift, and with the correction on
+    and a sample count the correction, the global update and the client's
+    last update (zeros for a client the server has not seen); nothing else."""
+    train, _, _ = digits
+    run = make_run(train, 2, epochs=1, batch_size=8, lr=0.1)
+    cls = METHODS.get("feddc")
+    method = cls(cls.Config(alpha=0.1), run)
+    s0 = method.init_state()
+    s1 = method.aggregate(s0, _fake_uploads(method, s0, {0: 0.1, 1: 0.3}, {0: 16, 1: 16}), 0)
+    k = method.param_names()[0]
+    names = lambda h: {key.split(".")[2] for key in h}  # noqa: E731
+    hist = method.audit_history(s1, 1, {"num_samples": 16})
+    assert names(hist) == {"drift", "correction", "global_update", "update"}
+    torch.testing.assert_close(hist[f"history.feddc.global_update.{k}"], torch.full_like(s0.model[k], 0.2))
+    torch.testing.assert_close(hist[f"history.feddc.update.{k}"], torch.full_like(s0.model[k], 0.3))
+    unseen = method.audit_history(dataclasses.replace(s1, clients={}), 1, {"num_samples": 16})
+    assert float(unseen[f"history.feddc.drift.{k}"].abs().sum()) == 0.0
+    assert float(unseen[f"history.feddc.update.{k}"].abs().sum()) == 0.0
+    torch.testing.assert_close(  # no previous update: -DeltaTheta / (eta K) = -0.2 / 0.2
+        unseen[f"history.feddc.correction.{k}"], torch.full_like(s0.model[k], -1.0)
+    )
+    assert names(method.audit_history(s1, 1)) == {"drift"}  # no sample count: no correction
+    assert names(method.audit_history(s1, 1, {"num_samples": 0})) == {"drift"}
+    assert len(names(method.audit_history(s1, 1, {"num_samples": 1}))) == 4  # one sample is a count
+    off = cls(cls.Config(alpha=0.1, correction=False), run)
+    assert names(off.audit_history(s1, 1, {"num_samples": 16})) == {"drift"}
+
+
 def test_scheme_configs_refuse_bad_values() -> None:
     for name, bad in [
         ("scaffold", {"option": "III"}),
