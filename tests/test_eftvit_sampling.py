@@ -107,3 +107,15 @@ def test_what_the_server_reads_before_and_after_sampling() -> None:
     assert exp["support_disclosed"]  # which classes a client holds is still visible
     balanced = histogram_exposure([6, 6, 0], EPOCHS)
     assert balanced["tv_after"] == 0.0  # nothing to hide for a balanced client
+
+
+def test_exposure_reports_the_threshold_and_the_unpadded_histogram_exactly() -> None:
+    """Without padding a small class keeps its own count (here 1 of 2): the
+    server then reads that class's true share, and a class with one sample
+    still shows that the client holds it."""
+    exp = histogram_exposure([2, 0, 1], 1, pad=False)
+    assert exp == {"before": [2, 0, 1], "after": [2, 0, 1], "threshold": 2, "tv_before": 0.0,
+                   "tv_after": 0.0, "support_disclosed": True}  # fmt: skip
+    padded = histogram_exposure([2, 0, 1], 1)
+    assert padded["after"] == [2, 0, 2] and padded["tv_after"] == pytest.approx(1 / 6)
+    assert histogram_exposure(np.array([2.0, 0.0, 1.0]), 1, pad=False)["before"] == [2, 0, 1]

@@ -46,7 +46,7 @@ class FitConfig:
     the epoch with the ``lowest_loss`` (mean training loss; FALCON's authors
     keep their generator this way). ``autocast: bfloat16`` runs each batch's
     forward pass under :func:`torch.autocast` in bfloat16, on a CPU too (the
-    loss functions cast their results to float32): 1.6× per FALCON generator
+    loss functions cast their results to float32): 1.56× per FALCON generator
     step on a CPU with AVX-512 BF16 at the same loss curve (BENCHMARKS.md);
     off by default, since it changes results in their last digits."""
 
