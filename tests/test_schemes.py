@@ -318,14 +318,20 @@ def test_feddyn_server_update_by_hand(digits) -> None:
     assert s1 is not s0 and float(s0.server["h"][k].abs().sum()) == 0.0  # old state untouched
 
 
-def test_feddc_server_update_by_hand(digits) -> None:
+def _feddc_after_one_round(digits) -> tuple[Any, Any, Any, Any, Any, str]:
+    """FedDC (α 0.1, lr 0.1, 2 local steps) after one round of two fake
+    uploads that moved every weight by 0.1 and 0.3: (cls, run, method, s0, s1, key)."""
     train, _, _ = digits
     run = make_run(train, 2, epochs=1, batch_size=8, lr=0.1)
     cls = METHODS.get("feddc")
     method = cls(cls.Config(alpha=0.1), run)
     s0 = method.init_state()
     s1 = method.aggregate(s0, _fake_uploads(method, s0, {0: 0.1, 1: 0.3}, {0: 16, 1: 16}), 0)
-    k = method.param_names()[0]
+    return cls, run, method, s0, s1, method.param_names()[0]
+
+
+def test_feddc_server_update_by_hand(digits) -> None:
+    _, _, method, s0, s1, k = _feddc_after_one_round(digits)
     # w = mean(theta_k + d_k) with d_k = Delta_k: w0 + 2 * mean(Delta) = w0 + 0.4
     torch.testing.assert_close(s1.model[k], s0.model[k] + 0.4, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(s1.server["global_update"][k], torch.full_like(s0.model[k], 0.2))
@@ -340,13 +346,7 @@ def test_feddc_audit_history_names_exactly_what_the_server_knows(digits) -> None
     """RLU's h term for FedDC: the client's drift, and with the correction on
     and a sample count the correction, the global update and the client's
     last update (zeros for a client the server has not seen); nothing else."""
-    train, _, _ = digits
-    run = make_run(train, 2, epochs=1, batch_size=8, lr=0.1)
-    cls = METHODS.get("feddc")
-    method = cls(cls.Config(alpha=0.1), run)
-    s0 = method.init_state()
-    s1 = method.aggregate(s0, _fake_uploads(method, s0, {0: 0.1, 1: 0.3}, {0: 16, 1: 16}), 0)
-    k = method.param_names()[0]
+    cls, run, method, s0, s1, k = _feddc_after_one_round(digits)
     names = lambda h: {key.split(".")[2] for key in h}  # noqa: E731
     hist = method.audit_history(s1, 1, {"num_samples": 16})
     assert names(hist) == {"drift", "correction", "global_update", "update"}
