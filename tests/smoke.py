@@ -11,6 +11,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
+import torch
+
 import osfl.methods  # noqa: F401  (registers the methods)
 from osfl import assembly
 from osfl.config import ExperimentConfig, load_config
@@ -94,3 +97,37 @@ def tiny_cli_args(
         f"cache_dir={tmp_path / 'cache'}",
     ]
     return args if progress else [*args, "--no-progress"]
+
+
+#: The small split of the ViT-client tests (EFTViT, the PEFT baselines): 8 px
+#: digits, 12 images per class, 3 clients; each file adds its own recipe.
+SMALL_VIT_SPLIT = (
+    "data.image_size=8",
+    "data.max_per_class=12",
+    "partition.num_clients=3",
+    "partition.alpha=0.5",
+    "partition.min_partition_size=5",
+)
+
+
+def small_model_kwargs(name: str) -> dict[str, Any]:
+    """Small but faithful settings of a registered model: the 224-px models
+    run at 32 px with 2 blocks, the 518-px DINOv2 ones at 28 px (2×2 patches
+    of 14) with 2 blocks, the other ViTs with 2 blocks."""
+    if name.endswith("_224"):
+        return {"img_size": 32, "depth": 2}
+    if name.startswith("dinov2_"):
+        return {"img_size": 28, "depth": 2}
+    if name.startswith("vit_"):
+        return {"depth": 2}
+    return {}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_torch_thread() -> Any:
+    """One torch thread for the importing module's tests (their numbers are
+    compared across runs; the thread count changes float sums), restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

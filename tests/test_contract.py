@@ -63,7 +63,7 @@ from osfl.fl.secagg_config import SECURE_WEIGHTINGS
 from osfl.fl.state_codec import state_from_bytes, state_to_bytes
 from osfl.fl.upload import Upload
 from osfl.flower.loopback import FlowerLoopbackRuntime
-from smoke import first_aggregation, smoke_config, smoke_context
+from smoke import first_aggregation, one_torch_thread, smoke_config, smoke_context  # noqa: F401  (an autouse fixture)
 
 CHANCE_MARGIN = 0.1  # above 1/K
 
@@ -108,12 +108,6 @@ def same_state(a: Any, b: Any) -> bool:
     return True
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.parametrize("name", METHODS.names())

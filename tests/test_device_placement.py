@@ -69,15 +69,7 @@ from osfl.fl.train_config import TrainConfig
 from osfl.fl.training import train_local
 from osfl.models import create_model, list_models
 from simulated_device import DEVICE_TYPE, OnDevice, PlacementError, simulated_device
-from smoke import BASE, smoke_context
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from smoke import BASE, one_torch_thread, small_model_kwargs, smoke_context  # noqa: F401  (an autouse fixture)
 
 
 def _on_device(t: torch.Tensor) -> bool:
@@ -109,15 +101,6 @@ def test_the_simulated_device_refuses_what_cuda_refuses() -> None:
 
 
 # --------------------------------------------------------------------------- models
-def _model_kwargs(name: str) -> dict[str, Any]:
-    """tests/test_models.py's small but faithful settings."""
-    if name.endswith("_224"):
-        return {"img_size": 32, "depth": 2}
-    if name.startswith("dinov2_"):
-        return {"img_size": 28, "depth": 2}
-    if name.startswith("vit_"):
-        return {"depth": 2}
-    return {}
 
 
 def _input_size(model: nn.Module, name: str) -> tuple[int, int]:
@@ -129,7 +112,7 @@ def _input_size(model: nn.Module, name: str) -> tuple[int, int]:
 @pytest.mark.parametrize("name", list_models())
 def test_every_model_runs_forward_and_backward_on_the_device(name: str) -> None:
     torch.manual_seed(0)
-    model = create_model(name, num_classes=5, **_model_kwargs(name))
+    model = create_model(name, num_classes=5, **small_model_kwargs(name))
     x = torch.randn(2, 3, *_input_size(model, name), generator=torch.Generator().manual_seed(0))
     with simulated_device() as dev:
         model.to(dev).train()

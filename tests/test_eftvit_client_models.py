@@ -20,13 +20,10 @@ from osfl.fl.evaluate import check_client_score, merge_client_models
 from osfl.fl.method import METHODS, OwnModels, capability
 from osfl.fl.runtime.simulation import InProcessClients, SimulationRuntime
 from osfl.report import summarize, table_rows
+from smoke import SMALL_VIT_SPLIT
 
 BASE = (
-    "data.image_size=8",
-    "data.max_per_class=12",
-    "partition.num_clients=3",
-    "partition.alpha=0.5",
-    "partition.min_partition_size=5",
+    *SMALL_VIT_SPLIT,
     "train.batch_size=16",
     "cache_dir=null",
     "seeds=[0]",

@@ -25,13 +25,10 @@ from osfl.methods.eftvit import EFTViT, EFTViTNet, MaskedTraining, num_kept, pac
 from osfl.methods.eftvit.client import head_names, local_names
 from osfl.methods.peft.flops import forward_gflops
 from osfl.models import create_model
+from smoke import SMALL_VIT_SPLIT
 
 BASE = (
-    "data.image_size=8",
-    "data.max_per_class=12",
-    "partition.num_clients=3",
-    "partition.alpha=0.5",
-    "partition.min_partition_size=5",
+    *SMALL_VIT_SPLIT,
     "train.batch_size=16",
     "cache_dir=null",
     "seeds=[0]",

@@ -56,16 +56,11 @@ from osfl.flower.secagg_server import (
     secure_checkpoint_digest,
 )
 from osfl.flower.spec import JobSpec, job_digest
+from smoke import one_torch_thread  # noqa: F401  (an autouse fixture)
 
 EPS32 = float(torch.finfo(torch.float32).eps)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread() -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # --------------------------------------------------------------------------- spies

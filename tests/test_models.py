@@ -12,20 +12,11 @@ import osfl.models.registry as model_registry
 from osfl.errors import ConfigError
 from osfl.models import ACTIVATIONS, create_model, list_models, register_model
 from osfl.registry import Registry
+from smoke import small_model_kwargs
 
 NUM_CLASSES = 7
 
 
-def _kwargs(name: str) -> dict:
-    """Small but faithful settings: the 224-px models run at 32 px with 2 blocks,
-    the 518-px DINOv2 ones at 28 px (2×2 patches of 14) with 2 blocks."""
-    if name.endswith("_224"):
-        return {"img_size": 32, "depth": 2}
-    if name.startswith("dinov2_"):
-        return {"img_size": 28, "depth": 2}
-    if name.startswith("vit_"):
-        return {"depth": 2}
-    return {}
 
 
 def _input(model: nn.Module, name: str, batch: int = 2) -> torch.Tensor:
@@ -44,7 +35,7 @@ def _params(module: nn.Module) -> set[int]:
 @pytest.mark.parametrize("name", list_models())
 def test_model_contract(name: str) -> None:
     torch.manual_seed(0)
-    model = create_model(name, num_classes=NUM_CLASSES, **_kwargs(name))
+    model = create_model(name, num_classes=NUM_CLASSES, **small_model_kwargs(name))
     x = _input(model, name)
 
     # interface, in eval mode (deterministic)

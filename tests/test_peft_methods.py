@@ -21,13 +21,10 @@ from osfl.fl.method import METHODS
 from osfl.fl.upload import Upload, validate
 from osfl.methods.peft import FedBFPT, FedRA, PEFTMethod, bfpt_stage, holder_average
 from osfl.models import create_model
+from smoke import SMALL_VIT_SPLIT
 
 BASE = (
-    "data.image_size=8",
-    "data.max_per_class=12",
-    "partition.num_clients=3",
-    "partition.alpha=0.5",
-    "partition.min_partition_size=5",
+    *SMALL_VIT_SPLIT,
     "train.epochs=1",
     "train.batch_size=16",
     "cache_dir=null",

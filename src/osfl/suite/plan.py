@@ -111,6 +111,12 @@ class Step:
         return self.tiny_ratio if dry_run else self.ratio
 
 
+def _osfl_run(*overrides: str) -> tuple[str, ...]:
+    """``osfl run OVERRIDES --out {out} --no-progress``: a step's command line
+    (``{out}`` is the step's run directory)."""
+    return ("run", *overrides, "--out", "{out}", "--no-progress")
+
+
 def _falcon_fit(epochs: tuple[int, int, int]) -> tuple[str, ...]:
     g, c, s = epochs
     return (
@@ -125,15 +131,11 @@ def _fafi_seed(seed: int) -> Step:
         name=f"fafi_a0.1_seed{seed}",
         section="fafi",
         kind="run",
-        argv=(
-            "run",
+        argv=_osfl_run(
             "configs/fafi_cifar10_gpu.yaml",
             "partition.alpha=0.1",
             "sweep=[]",
             f"seeds=[{seed}]",
-            "--out",
-            "{out}",
-            "--no-progress",
         ),
         # 200 local epochs on all images -> 4 epochs on a fifth of them (x250)
         calibrate=(
@@ -142,17 +144,13 @@ def _fafi_seed(seed: int) -> Step:
             "data.options={test_max_per_class: 200}",
         ),
         ratio=250.0,
-        tiny=(
-            "run",
+        tiny=_osfl_run(
             "configs/fafi_cifar10_gpu.yaml",
             *_TINY_RUN,
             "seeds=[0]",
             "sweep=[]",
             "model.name=cnn_small",
             "method.fafi.augment=none",
-            "--out",
-            "{out}",
-            "--no-progress",
         ),
         tiny_calibrate=("partition.num_clients=2",),
         paper={"fedavg": 17.43, "ensemble": 45.43, "fafi": 77.83},
@@ -205,25 +203,17 @@ STEPS: tuple[Step, ...] = (
         name="frozen_closed_a0.1",
         section="frozen",
         kind="run",
-        argv=(
-            "run",
+        argv=_osfl_run(
             *_FROZEN_GPU,
             "partition.alpha=0.1",
             "methods=[fedpft,fedcgs,ghofl]",
-            "--out",
-            "{out}",
-            "--no-progress",
         ),
         calibrate=("data.max_per_class=100", "data.options={test_max_per_class: 50}"),
         ratio=10.0,
-        tiny=(
-            "run",
+        tiny=_osfl_run(
             *_TINY_FROZEN,
             "partition.alpha=0.1",
             "methods=[fedpft,fedcgs,ghofl]",
-            "--out",
-            "{out}",
-            "--no-progress",
         ),
         needs=("pretrain_vits16",),
         paper={"fedcgs": 81.53},
@@ -234,14 +224,10 @@ STEPS: tuple[Step, ...] = (
         name="falcon_a0.1",
         section="frozen",
         kind="run",
-        argv=(
-            "run",
+        argv=_osfl_run(
             *_FROZEN_GPU,
             "partition.alpha=0.1",
             "methods=[falcon]",
-            "--out",
-            "{out}",
-            "--no-progress",
         ),
         # a tenth of the images and of every fit's epochs (x100)
         calibrate=(
@@ -250,17 +236,13 @@ STEPS: tuple[Step, ...] = (
             *_falcon_fit((40, 6, 6)),
         ),
         ratio=100.0,
-        tiny=(
-            "run",
+        tiny=_osfl_run(
             *_TINY_FROZEN,
             "partition.alpha=0.1",
             "methods=[falcon]",
             "method.falcon.views={input_size: 8, window: 4, stride: 4}",
             "method.falcon.generator_model={depth: 1, heads: 2, components: 2}",
             *_falcon_fit((2, 2, 2)),
-            "--out",
-            "{out}",
-            "--no-progress",
         ),
         needs=("pretrain_vits16",),
         paper={"falcon": 79.93},
@@ -314,8 +296,7 @@ STEPS: tuple[Step, ...] = (
         name="eftvit_t1_b0.1",
         section="eftvit",
         kind="run",
-        argv=(
-            "run",
+        argv=_osfl_run(
             "configs/eftvit_cifar10_gpu.yaml",
             DOWNSTREAM,
             _VITS,
@@ -326,14 +307,10 @@ STEPS: tuple[Step, ...] = (
             "method.fedhead.rounds=30",
             "method.fedlora.rounds=30",
             "method.eftvit.rounds=30",
-            "--out",
-            "{out}",
-            "--no-progress",
         ),
         calibrate=("method.fedhead.rounds=3", "method.fedlora.rounds=3", "method.eftvit.rounds=3"),
         ratio=10.0,
-        tiny=(
-            "run",
+        tiny=_osfl_run(
             "configs/eftvit_cifar10_gpu.yaml",
             *_TINY_RUN,
             "data.classes=[5,6,7,8,9]",
@@ -348,9 +325,6 @@ STEPS: tuple[Step, ...] = (
             "method.eftvit.client_fraction=1.0",
             "method.eftvit.local_depth=1",
             "transform.train=none",
-            "--out",
-            "{out}",
-            "--no-progress",
         ),
         needs=("pretrain_vits16",),
         paper={"fedhead": 92.27, "fedlora": 96.91, "eftvit": 98.12},
