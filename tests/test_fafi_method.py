@@ -287,3 +287,42 @@ def test_mixed_architectures_fuse_through_a_projection(make_ctx) -> None:
         validate(swapped, method.upload_spec(state, 0, 1), client=1)  # resnet18's client
     with pytest.raises(ConfigError, match="one architecture"):
         FAFI(dataclasses.replace(cfg, fusion="params"), ctx.run).predictor(state)
+
+
+def test_salt_transform_views_at_the_eval_size_with_the_runs_statistics(make_ctx) -> None:
+    """Both views come from the ``augment`` pipeline, sized and normalised as
+    the run's evaluation transform: with ``augment=none`` each view equals
+    the evaluation input exactly; ``simclr`` keeps FAFI's crop scale."""
+    from osfl.data.transforms import simclr_pipeline
+    from osfl.fl.cache import transform_key
+    from osfl.methods.fafi.architectures import Architectures
+    from osfl.methods.fafi.local import salt_transform
+
+    ctx = make_ctx(2)
+    data = ctx.splits.train
+    x = data.images[:3]
+    plain = salt_transform(Architectures(ctx.run, FAFIConfig(augment="none")), data)
+    views = plain(x, torch.Generator().manual_seed(0))
+    expect = ctx.run.eval_transform(x)
+    assert views.shape == (6, *expect.shape[1:])
+    assert torch.equal(views[:3], expect) and torch.equal(views[3:], expect)
+    norm = find_normalize(ctx.run.eval_transform)
+    assert norm is not None and norm.mean != (0.0,)  # the run's own statistics, not (0, 1)
+    simclr = salt_transform(Architectures(ctx.run, FAFIConfig(crop_scale=(0.3, 0.9))), data)
+    h = expect.shape[-1]
+    assert simclr.key() == {"two_views": transform_key(
+        simclr_pipeline(h, norm.mean, norm.std, crop_scale=(0.3, 0.9)))}  # fmt: skip
+    flip = salt_transform(Architectures(ctx.run, FAFIConfig(augment="flip")), data)
+    assert flip.key() == {"two_views": transform_key(
+        build_transform("flip", image_size=h, mean=norm.mean, std=norm.std))}  # fmt: skip
+
+
+def test_plain_ce_loss_goes_through_the_projection_and_head() -> None:
+    from osfl.methods.fafi.local import _ce_loss
+
+    torch.manual_seed(0)
+    net = FAFINet(create_model("cnn_small", num_classes=3, in_chans=1, width=4), 3, 5)
+    x, y = torch.randn(4, 1, 8, 8), torch.tensor([0, 1, 2, 1])
+    expect = torch.nn.functional.cross_entropy(net.logits(net.features(x)), y)
+    assert torch.allclose(_ce_loss(net, x, y), expect, rtol=0, atol=1e-7)
+    assert _ce_loss(net, x.half().float(), y).dtype == torch.float32

@@ -92,6 +92,28 @@ def test_a_damaged_pack_is_refused(tmp_path: Path) -> None:
     assert read_manifest(tmp_path / "nothing") is None
 
 
+
+def test_the_wheels_the_lent_machine_lacks_are_packed_and_pinned(tmp_path: Path) -> None:
+    import importlib.metadata
+
+    from osfl.suite.pack import LENT_MACHINE_LACKS, wheel_download_command
+
+    wheel = tmp_path / "omegaconf-2.4.0-py3-none-any.whl"
+    wheel.write_bytes(b"PK stand-in")
+    m = pack(tmp_path / "p", cifar10=None, wheels=[wheel])
+    assert m["files"]["wheels/" + wheel.name]["bytes"] == len(b"PK stand-in")
+    assert read_manifest(tmp_path / "p") == m
+    with pytest.raises(ConfigError, match="not a wheel"):
+        pack(tmp_path / "q", cifar10=None, wheels=[tmp_path / "p" / "MANIFEST.json"])
+    argv = wheel_download_command(tmp_path / "w")
+    # the machine's Python and binary wheels only, no dependencies, versions as installed here
+    assert argv[argv.index("--python-version") + 1] == "3.12"
+    assert "--no-deps" in argv and "--only-binary=:all:" in argv
+    assert argv[-len(LENT_MACHINE_LACKS):] == [
+        f"{n}=={importlib.metadata.version(n)}" for n in LENT_MACHINE_LACKS
+    ]
+
+
 # --------------------------------------------------------------------------- plan
 def _step(name: str, *, needs: tuple[str, ...] = (), ratio: float = 10.0) -> Step:
     return Step(name=name, section="s", kind="mfu", argv=("suite", "mfu"), calibrate=(),
@@ -275,3 +297,80 @@ def test_the_dry_run_of_the_whole_catalogue(tmp_path: Path, monkeypatch) -> None
     assert main(["suite", "run", "--budget", "30", "--dry-run", "--out", str(out)]) == 0
     plan = json.loads((out / "plan.json").read_text())
     assert all(s["status"] == "done" for s in plan["steps"]), plan
+
+
+# The packages a lent GPU machine lacks and the suite does not carry (Flower and
+# cryptography serve deployments only): the suite's commands must not import them.
+_WITHOUT_FLOWER = """
+import importlib.abc, runpy, sys
+class Absent(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("flwr", "cryptography"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+sys.meta_path.insert(0, Absent())
+runpy.run_module("osfl", run_name="__main__")
+"""
+
+
+def test_the_suite_runs_where_flower_and_cryptography_are_absent(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    out = tmp_path / "suite"
+    argv = ["suite", "run", "--budget", "10", "--dry-run", "--out", str(out),
+            "--sections", "frozen", "--pack", str(tmp_path / "no_pack")]  # fmt: skip
+    env = {k: v for k, v in __import__("os").environ.items() if k != "OSFL_CIFAR10"}
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_FLOWER, *argv], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    plan = json.loads((out / "plan.json").read_text())
+    assert {s["step"]["name"]: s["status"] for s in plan["steps"]} == {
+        "pretrain_vits16": "done",
+        "frozen_closed_a0.1": "done",
+        "falcon_a0.1": "done",
+    }
+    certs = subprocess.run([sys.executable, "-c", _WITHOUT_FLOWER, "flower", "certs", "x"],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert certs.returncode == 2 and "needs the cryptography package" in certs.stderr
+
+
+def test_a_cost_measured_on_this_kind_of_gpu_replaces_the_calibration(tmp_path: Path) -> None:
+    """On the GPU a step was measured on, its estimate is that measurement
+    with the margin, and no calibration runs; elsewhere it is calibrated."""
+    from osfl.suite.plan import MEASURED_MARGIN
+
+    measured = Step(**{**_step("known", ratio=100).__dict__, "argv": ("suite", "mfu", "--out", "{out}"),
+                       "measured_s": {"NVIDIA H200": 20.0}, "measured_note": "on an H200"})  # fmt: skip
+    ran: list[str] = []
+
+    def command(argv):
+        out = Path(argv[argv.index("--out") + 1])
+        ran.append(out.parent.name)  # "calibration" or "runs"
+        out.mkdir(parents=True)
+        (out / "mfu.json").write_text(json.dumps({"model": "m", "dtype": "bf16", "batch": 1,
+                                                  "mfu": 0.3, "achieved_tflops": 1.0, "provenance": {}}))  # fmt: skip
+        return 0
+
+    for machine, calibrated in (("NVIDIA H200", False), ("NVIDIA H100 80GB HBM3", True)):
+        ran.clear()
+        req = SuiteRequest(out=tmp_path / machine, budget_min=4.0, steps=[measured], machine=machine)
+        p = run_suite(req, command, clock=lambda: 0.0, log=lambda s: None).planned[0]
+        assert p.status == "done"
+        assert ran == (["calibration", "runs"] if calibrated else ["runs"])
+        if not calibrated:
+            assert p.estimate_s == MEASURED_MARGIN * 20.0 and "on an H200" in p.estimate_from
+            doc = json.loads((tmp_path / machine / "plan.json").read_text())
+            assert doc["steps"][0]["estimate_from"] == p.estimate_from
+        else:
+            assert p.estimate_from == "calibration"
+
+
+def test_the_measured_h200_costs_plan_the_encoder_and_its_rows_in_one_call() -> None:
+    """The costs measured on the first lent H200 (2026-11-25): a 9-minute call
+    there plans the encoder, the closed-form frozen step and the MFU benchmark."""
+    steps = select_steps(["pretrain", "frozen", "mfu"])
+    planned = [Planned(s, estimate_s=s.measured("NVIDIA H200")) for s in steps]
+    status = {p.step.name: p.status for p in make_plan(planned, 9 * 60)}
+    assert status["pretrain_vits16"] == "planned" and status["frozen_closed_a0.1"] == "planned"
+    assert status["mfu_vitb16_bf16"] == "planned" and status["falcon_a0.1"] == "skipped"

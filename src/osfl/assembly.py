@@ -49,9 +49,6 @@ from osfl.fl.runtime.base import Job, PartitionedData, RunResult, Runtime
 from osfl.fl.runtime.simulation import SimulationRuntime
 from osfl.fl.seeds import derive_seed
 from osfl.fl.train_config import TrainConfig
-from osfl.flower.engine import FlowerEngineRuntime
-from osfl.flower.loopback import FlowerLoopbackRuntime
-from osfl.flower.spec import JobSpec
 from osfl.methods import default_methods  # importing osfl.methods registers every method
 from osfl.models import MODELS
 from osfl.pretrain.card import check_disjoint, pretrained_info
@@ -68,14 +65,26 @@ RUNTIMES.add(
         cfg.parallel_clients, cfg.threads_per_client, batch_clients=cfg.batch_clients
     ),
 )
-RUNTIMES.add(
-    "flower", lambda cfg: FlowerLoopbackRuntime(cfg.parallel_clients, cfg.threads_per_client)
-)
+
+
+# The Flower runtimes import flwr only when chosen: every other run works where
+# Flower is not installed (a lent GPU machine has no flwr, docs/gpu-suite.md).
+@RUNTIMES.register("flower")
+def _flower_loopback(cfg: ExperimentConfig) -> Runtime:
+    """Flower's Message API in this process (a loopback Grid)."""
+    # optional: flwr, only for runtime=flower
+    from osfl.flower.loopback import FlowerLoopbackRuntime
+
+    return FlowerLoopbackRuntime(cfg.parallel_clients, cfg.threads_per_client)
 
 
 @RUNTIMES.register("flower_engine")
 def _flower_engine(cfg: ExperimentConfig) -> Runtime:
     """Flower's simulation engine (Ray actors build their jobs from the config's YAML)."""
+    # optional: flwr, only for runtime=flower_engine
+    from osfl.flower.engine import FlowerEngineRuntime
+    from osfl.flower.spec import JobSpec
+
     return FlowerEngineRuntime(job_from_spec, JobSpec(experiment=to_yaml(cfg)))
 
 

@@ -18,7 +18,9 @@ import json
 import logging
 import os
 import shlex
+import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -465,8 +467,10 @@ def cmd_suite(args: argparse.Namespace) -> int:
         from osfl.suite.pack import pack
 
         source = args.cifar10 or os.environ.get("OSFL_CIFAR10")
-        manifest = pack(args.out, cifar10=source, weights=args.weights or [],
-                        max_per_class=args.max_per_class)  # fmt: skip
+        with tempfile.TemporaryDirectory() as tmp:
+            wheels = _download_lent_wheels(Path(tmp)) if args.wheels else []
+            manifest = pack(args.out, cifar10=source, weights=args.weights or [],
+                            wheels=wheels, max_per_class=args.max_per_class)  # fmt: skip
         for name, entry in manifest["files"].items():
             print(f"{args.out}/{name}: {entry['bytes'] / 2**20:.1f} MiB")
         print(f"total {manifest['total_bytes'] / 2**20:.1f} MiB of "
@@ -493,6 +497,18 @@ def cmd_suite(args: argparse.Namespace) -> int:
     return 0
 
 
+def _download_lent_wheels(dest: Path) -> list[Path]:
+    """The wheels a lent machine lacks, downloaded into ``dest`` (pip, from the
+    package index this machine reaches)."""
+    # heavy: numpy (osfl.suite.pack)
+    from osfl.suite.pack import wheel_download_command
+
+    done = subprocess.run(wheel_download_command(dest), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ConfigError(f"pip download of the lent machine's wheels failed:\n{done.stderr}")
+    return sorted(dest.glob("*.whl"))
+
+
 def _add_suite_parser(sub: Any) -> None:
     suite = sub.add_parser(
         "suite", help="a lent GPU's budget as paper-scale runs and REPRODUCTION rows"
@@ -517,11 +533,34 @@ def _add_suite_parser(sub: Any) -> None:
     spack.add_argument("--cifar10", help="the CIFAR-10 image folder (default $OSFL_CIFAR10)")
     spack.add_argument("--weights", action="append", help="a weights file (repeatable)")
     spack.add_argument("--max-per-class", type=int, help="pack at most this many images per class")
+    spack.add_argument("--wheels", action="store_true",
+                       help="also pack the Python packages the lent machine lacks (pip download)")  # fmt: skip
     spack.set_defaults(func=cmd_suite)
     smfu = ssub.add_parser("mfu", help="MFU of one training step (osfl suite mfu --help)",
                            add_help=False)  # fmt: skip
     smfu.add_argument("rest", nargs=argparse.REMAINDER)
     smfu.set_defaults(func=cmd_suite)
+
+
+def _add_certs_arguments(certs: argparse.ArgumentParser) -> None:
+    """``osfl flower certs``'s arguments, or, where ``cryptography`` is not
+    installed (a lent GPU machine), a command that says so: every other
+    command must still parse."""
+    try:
+        # heavy: cryptography (~40 ms): importing osfl.cli stays cheap, only the parser needs it
+        from osfl.flower.app import certs as certs_tool
+    except ImportError as e:
+        missing = str(e)
+
+        def unavailable(args: argparse.Namespace) -> int:
+            raise ConfigError(f"osfl flower certs needs the cryptography package ({missing})")
+
+        certs.add_argument("rest", nargs=argparse.REMAINDER)
+        certs.set_defaults(func=unavailable)
+        return
+    certs_tool.add_arguments(certs)
+    _verbose_here(certs)
+    certs.set_defaults(func=certs_tool.run)
 
 
 # --------------------------------------------------------------------------- main
@@ -684,12 +723,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="make a throwaway CA, server certificate and SuperNode keys for a TLS rehearsal "
         "(docs/flower-security.md)",
     )
-    # heavy: cryptography (~40 ms): importing osfl.cli stays cheap, only the parser needs it
-    from osfl.flower.app import certs as certs_tool
-
-    certs_tool.add_arguments(certs)
-    _verbose_here(certs)
-    certs.set_defaults(func=certs_tool.run)
+    _add_certs_arguments(certs)
     frun = fsub.add_parser(
         "run",
         help="flwr run --stream, then exit 0 when the Flower run completed, 1 when it failed",

@@ -15,6 +15,11 @@ with at most 64 MiB of ignored paths.
   as raw uint8 it would be 175.8 MiB (``max_per_class`` packs a subset when
   a larger folder does not fit);
 - ``pretrained/``: weights files with their model cards (``NAME.card.json``);
+- ``wheels/``: the Python packages osfl imports that the lent machine's image
+  lacks (:data:`LENT_MACHINE_LACKS`, at the versions installed here), for
+  ``pip install --no-index --target``: its python3 holds torch, numpy,
+  safetensors, rich, torchmetrics, scipy, scikit-learn, matplotlib, but not
+  these (seen on an H200 lent on 2026-11-25);
 - ``MANIFEST.json``: every file's bytes and sha256, the total, the limit.
 
 The suite reads it with :func:`unpack_imagefolder` (the folder written back
@@ -25,9 +30,11 @@ points ``OSFL_CIFAR10`` there, so every config reads it unchanged.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -41,6 +48,13 @@ LIMIT_BYTES = 64 * 2**20
 #: The packed folder, relative to the repository root.
 PACK_DIR = "gpu_pack"
 SPLITS = ("train", "test")
+#: What the lent machine's image lacks of the packages the suite's commands
+#: import (Flower and cryptography serve deployments only and are not imported
+#: there); ``datasets``, ``dill`` and ``multiprocess`` come with flwr-datasets.
+LENT_MACHINE_LACKS = ("omegaconf", "flwr-datasets", "datasets", "dill", "multiprocess")
+#: The lent machine's Python (its wheels must match it).
+LENT_PYTHON = "3.12"
+_LENT_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 _IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm"}
 
 
@@ -130,18 +144,31 @@ def unpack_imagefolder(pack: str | os.PathLike[str], dest: str | os.PathLike[str
     return dest
 
 
+def wheel_download_command(dest: str | os.PathLike[str]) -> list[str]:
+    """``pip download`` of :data:`LENT_MACHINE_LACKS` into ``dest``: binary
+    wheels for the lent machine's Python and platform, each at the version
+    installed here (so the machine runs what the tests ran), no dependencies
+    (the machine has the rest)."""
+    pins = [f"{name}=={importlib.metadata.version(name)}" for name in LENT_MACHINE_LACKS]
+    platforms = [a for p in _LENT_PLATFORMS for a in ("--platform", p)]
+    return [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+            "--python-version", LENT_PYTHON, "--implementation", "cp", *platforms,
+            "-d", str(dest), *pins]  # fmt: skip
+
+
 def pack(
     out: str | os.PathLike[str],
     *,
     cifar10: str | os.PathLike[str] | None,
     weights: Iterable[str | os.PathLike[str]] = (),
+    wheels: Iterable[str | os.PathLike[str]] = (),
     max_per_class: int | None = None,
     limit_bytes: int = LIMIT_BYTES,
 ) -> dict[str, Any]:
-    """Write the pack folder ``out``: the image folder ``cifar10`` (if given)
-    and every weights file with its card; refuse a pack over ``limit_bytes``
-    (saying what did fit). Returns the manifest, also written to
-    ``out/MANIFEST.json``."""
+    """Write the pack folder ``out``: the image folder ``cifar10`` (if given),
+    every weights file with its card, and the ``wheels`` files; refuse a pack
+    over ``limit_bytes`` (saying what did fit). Returns the manifest, also
+    written to ``out/MANIFEST.json``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     files: dict[str, Any] = {}
@@ -159,6 +186,13 @@ def pack(
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, dst)
                 files[f"pretrained/{src.name}"] = _file_entry(dst)
+    for w in map(Path, wheels):
+        if w.suffix != ".whl" or not w.is_file():
+            raise ConfigError(f"{w} is not a wheel file")
+        dst = out / "wheels" / w.name
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(w, dst)
+        files[f"wheels/{w.name}"] = _file_entry(dst)
     total = sum(f["bytes"] for f in files.values())
     manifest = {"files": files, "total_bytes": total, "limit_bytes": limit_bytes}
     (out / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")

@@ -100,6 +100,11 @@ class Step:
     paper_note: str = ""
     needs: tuple[str, ...] = ()
     scale_note: str = ""
+    #: GPU name -> seconds the full command took on a lent machine of that
+    #: name (measured, or extrapolated from measured runs, as ``measured_note``
+    #: says): used instead of a calibration there.
+    measured_s: Mapping[str, float] = field(default_factory=dict)
+    measured_note: str = ""
 
     def command(self, *, dry_run: bool) -> tuple[str, ...]:
         return self.tiny if dry_run else self.argv
@@ -109,6 +114,17 @@ class Step:
 
     def work_ratio(self, *, dry_run: bool) -> float:
         return self.tiny_ratio if dry_run else self.ratio
+
+    def measured(self, machine: str | None) -> float | None:
+        """Seconds this step's full command took on ``machine`` (a GPU name),
+        with :data:`MEASURED_MARGIN`; ``None`` where it was not measured."""
+        seconds = self.measured_s.get(machine or "")
+        return None if seconds is None else MEASURED_MARGIN * seconds
+
+
+#: Head-room on a step's cost measured on the same kind of machine (run-to-run
+#: spread, a cold data cache).
+MEASURED_MARGIN = 1.15
 
 
 def _osfl_run(*overrides: str) -> tuple[str, ...]:
@@ -198,6 +214,10 @@ STEPS: tuple[Step, ...] = (
         ),
         paper_note="no paper number: the encoder the frozen-encoder rows use",
         scale_note="ViT-S/16 at 224 px, supervised, CIFAR-10 classes 0-4 (25,000 images)",
+        # 53 s of decoding, upsampling and set-up + 60 x 5.1 s per epoch (a 9- and a
+        # 30-epoch run: 5.6 and 5.1 s per epoch)
+        measured_s={"NVIDIA H200": 360.0},
+        measured_note="extrapolated from 9- and 30-epoch runs on an H200, 2026-11-25",
     ),
     Step(
         name="frozen_closed_a0.1",
@@ -219,6 +239,8 @@ STEPS: tuple[Step, ...] = (
         paper={"fedcgs": 81.53},
         paper_note="FALCON Table 2, Tiny-ImageNet, α 0.1 (DINOv2-B at 448 px); no CIFAR row",
         scale_note="CIFAR-10 classes 5-9 at 448 px (1,000 / 500 per class), ViT-S/16 at 224-px views",
+        measured_s={"NVIDIA H200": 70.0},
+        measured_note="measured on an H200, 2026-11-25 (decoding 15,000 images included)",
     ),
     Step(
         name="falcon_a0.1",
@@ -291,6 +313,8 @@ STEPS: tuple[Step, ...] = (
         paper={"mfu": 40.0},
         paper_note="the issue's target: at least 40 % of the GPU's dense bf16 peak",
         scale_note="ViT-B/16, 224 px, batch 128, bf16 autocast, forward + backward + AdamW",
+        measured_s={"NVIDIA H200": 15.0},
+        measured_note="measured on an H200, 2026-11-25",
     ),
     Step(
         name="eftvit_t1_b0.1",
@@ -359,6 +383,7 @@ class Planned:
     step: Step
     calibration_s: float | None = None
     estimate_s: float | None = None
+    estimate_from: str = ""  # "calibration", or the measurement it came from
     status: str = "pending"  # pending | planned | skipped | done | failed
     reason: str = ""
     seconds: float | None = None
