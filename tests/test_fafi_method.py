@@ -326,3 +326,48 @@ def test_plain_ce_loss_goes_through_the_projection_and_head() -> None:
     expect = torch.nn.functional.cross_entropy(net.logits(net.features(x)), y)
     assert torch.allclose(_ce_loss(net, x, y), expect, rtol=0, atol=1e-7)
     assert _ce_loss(net, x.half().float(), y).dtype == torch.float32
+
+
+def test_salt_transform_without_a_normalize_leaves_the_scale_alone(make_ctx) -> None:
+    """A run whose evaluation transform does not normalise: the views are the
+    raw [0, 1] images (mean 0, std 1 on every channel), no normalisation."""
+    from osfl.data.transforms import ToFloat
+    from osfl.methods.fafi.architectures import Architectures
+    from osfl.methods.fafi.local import salt_transform
+
+    ctx = make_ctx(2)
+    run = dataclasses.replace(ctx.run, eval_transform=ToFloat())
+    data = ctx.splits.train
+    views = salt_transform(Architectures(run, FAFIConfig(augment="none")), data)(data.images[:2])
+    expect = data.images[:2].float() / 255
+    assert torch.allclose(views, torch.cat([expect, expect]), rtol=0, atol=1e-6)
+
+
+def test_class_mean_prototypes_stay_on_the_device() -> None:
+    """The prototype sums and counts live where the model does: a CPU buffer
+    meeting the device's features raises (tests/simulated_device.py)."""
+    from simulated_device import simulated_device
+
+    torch.manual_seed(0)
+    data = ImageSet(torch.randint(0, 256, (12, 1, 8, 8), dtype=torch.uint8),
+                    torch.arange(12) % 3, classes=("a", "b", "c"))  # fmt: skip
+    tf = build_transform("none", image_size=8, mean=(0.5,), std=(0.25,))
+    net = FAFINet(create_model("cnn_small", num_classes=3, in_chans=1, width=4), 3).eval()
+    cpu = class_mean_prototypes(net, data, tf, torch.device("cpu"), batch=5)
+    with simulated_device() as dev:
+        on = class_mean_prototypes(net.to(dev), data, tf, dev, batch=5)  # raises on a mix
+    assert on.device.type == "cpu"  # handed back on the CPU for the upload
+    assert torch.allclose(on.cpu(), cpu, rtol=0, atol=1e-6)
+
+
+def test_a_fafinet_alone_scores_cosines_to_its_prototypes_and_its_head_is_the_projections() -> None:
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    net = FAFINet(create_model("cnn_small", num_classes=3, in_chans=1, width=4), 3, 5)
+    x = torch.randn(4, 1, 8, 8)
+    f, p = F.normalize(net.features(x), dim=1), F.normalize(net.prototypes, dim=1)
+    assert torch.allclose(net(x), f @ p.T, rtol=0, atol=1e-5)
+    # with a projection the CE head is the FAFINet's own, not the backbone's classifier
+    assert net.head is not None and net.head_weight() is net.head.weight
+    assert net.head_weight().shape == (3, 5)

@@ -111,6 +111,8 @@ class _Pipe:
     loaded: ClassVar[list[tuple[str, dict]]] = []
     prompts: ClassVar[list[tuple[str, int, int]]] = []
 
+    wide = False
+
     @classmethod
     def from_pretrained(cls, path: str, **kw):
         cls.loaded.append((path, kw))
@@ -124,6 +126,8 @@ class _Pipe:
         rgb = torch.zeros(4, 4, 3, dtype=torch.uint8)
         rgb[..., 0], rgb[..., 1], rgb[..., 2] = draw, len(prompt), 30
         rgb[0, 0] = torch.tensor([255, 0, 0])  # one pixel that differs between L and RGB
+        if self.wide:
+            rgb = torch.cat([rgb, rgb[:, :2]], dim=1)  # 4 high, 6 wide: resampled to square
         return type("Out", (), {"images": [Image.fromarray(rgb.numpy())] * num_images_per_prompt})
 
 
@@ -162,11 +166,32 @@ def test_diffusers_prior_prompts_each_class_with_its_own_seed(fake_diffusers):
     rgb[0, 0] = torch.tensor([255, 0, 0])
     expect = torch.from_numpy(np.array(Image.fromarray(rgb.numpy()).convert("L")))
     assert grey.images.shape == (1, 1, 4, 4) and torch.equal(grey.images[0, 0], expect)
+    # a pipeline whose images are not square: each is resampled, rows as rows
+    from osfl.methods.generative.prior import resize_uint8
+
+    prior.pipe.wide = True
+    wide = prior.generate(["dog"], 1, image_size=4, channels=3, seed=3)
+    rgb = torch.cat([rgb, rgb[:, :2]], dim=1)
+    assert torch.equal(wide.images[0], resize_uint8(rgb.permute(2, 0, 1), 4))
+
+
+def test_diffusers_prior_without_the_package_says_so(monkeypatch, tmp_path):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "diffusers", None)  # import diffusers -> ImportError
+    with pytest.raises(ConfigError) as e:
+        load_prior(f"diffusers:{tmp_path}", method="priorkd")
+    assert str(e.value) == (
+        "prior diffusers:<dir> needs the diffusers package (pip install diffusers), "
+        "which osfl does not install"
+    )
 
 
 def test_diffusers_prior_refuses_a_missing_directory(fake_diffusers):
     for spec in ("diffusers:", f"diffusers:{fake_diffusers / 'absent'}"):
-        with pytest.raises(ConfigError, match=r"not a local pipeline directory.*never downloads"):
+        with pytest.raises(ConfigError, match=r"^prior diffusers:.*: not a local pipeline directory "
+                           r"\(osfl never downloads weights: save one with "
+                           r"DiffusionPipeline\.save_pretrained\)$"):  # fmt: skip
             load_prior(spec, method="priorkd")
     assert _Pipe.loaded == []
 
@@ -208,5 +233,11 @@ def test_dataset_prior_draws_per_class_from_the_named_classes_by_seed():
     assert len({tuple(i.flatten().tolist()) for i in a.images[:4]}) == 4
     many = prior.generate(["3"], 10_000, image_size=8, channels=1, seed=0)
     assert len(many) == int((source.labels == names.index("3")).sum())
-    with pytest.raises(ConfigError, match="needs a data spec"):
+    with pytest.raises(ConfigError, match=r"^prior dataset:<data spec> needs a data spec, "
+                       r"e\.g\. dataset:digits$"):  # fmt: skip
         load_prior("dataset:", method="priorkd")
+    # the images come at the size and channels asked for, as the data source gives them
+    rgb = prior.generate(["7"], 2, image_size=12, channels=3, seed=5)
+    assert rgb.images.shape == (2, 3, 12, 12)
+    big = load_data("digits", image_size=12, channels=3).train
+    assert any(torch.equal(rgb.images[0], p) for p in big.images)

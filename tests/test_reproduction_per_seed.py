@@ -85,3 +85,14 @@ def test_table_rows_keep_their_own_mean_and_std() -> None:
             assert row["mean"] == pytest.approx(statistics.mean(values), abs=1e-4)
             if len(values) > 1:
                 assert row["std"] == pytest.approx(statistics.stdev(values), abs=1e-4)
+
+
+def test_every_section_has_a_rerun_status_row() -> None:
+    """The "Re-run status" table names every section of the page (its first
+    cell is the section's heading), so a new section states its re-run."""
+    sections = re.findall(r"^## (.+)$", PAGE, flags=re.M)
+    assert sections[0] == "Re-run status"
+    table = PAGE.split("## Re-run status", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ")[0].removeprefix("| ") for line in table.splitlines()
+            if line.startswith("| ") and not line.startswith("| section")]  # fmt: skip
+    assert rows == sections[1:]

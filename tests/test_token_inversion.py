@@ -231,3 +231,40 @@ def test_bad_inputs_are_refused(falcon_attack) -> None:
             data.image_shape,
             None,
         )
+
+
+def test_fedpft_draws_count_per_class_and_skip_empty_classes() -> None:
+    """``n_c`` draws from each uploaded mixture, in class order; a class with
+    no images, or with no mixture, gives none; nothing uploaded gives (0, 1, D)."""
+    from types import SimpleNamespace
+
+    from osfl.methods.fedpft import sample_gmm_rows
+    from osfl.methods.fedpft_inversion import VAR_FLOOR, FedPFTTokens
+
+    d = 3
+    rows = {k: torch.tensor([[1.0, *([float(10 * k)] * d), *([0.01] * d)]]) for k in range(4)}
+    obs = Observation(0, 0, upload={f"gmm.{k}": rows[k] for k in (0, 1, 3)},
+                      upload_meta={"class_counts": [2, 0, 4, 1]}, hparams={"method": "fedpft"})  # fmt: skip
+    tokens = FedPFTTokens(SimpleNamespace(dim=d))
+    syn = tokens.synthetic(obs, torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(0)
+    expect = torch.cat([sample_gmm_rows(rows[0], 2, g, VAR_FLOOR),
+                        sample_gmm_rows(rows[3], 1, g, VAR_FLOOR)])[:, None]  # fmt: skip
+    assert syn.shape == (3, 1, d) and torch.equal(syn, expect)  # class 1: 0 images; class 2: no rows
+    empty = tokens.synthetic(Observation(0, 0, upload_meta={"class_counts": [0, 0]}),
+                             torch.Generator())  # fmt: skip
+    assert empty.shape == (0, 1, d) and empty.dtype == torch.float32
+
+
+def test_fedpft_token_source_builds_its_encoder_on_the_device(monkeypatch) -> None:
+    import osfl.methods.fedpft_inversion as fpi
+
+    seen = {}
+
+    def fake(obs, image_shape, transform, *, run_seed=None, device="cpu"):
+        seen.update(run_seed=run_seed, device=device)
+        return "encoder"
+
+    monkeypatch.setattr(fpi, "token_encoder_from_observation", fake)
+    source = fpi.fedpft_token_source(Observation(0, 0), (1, 8, 8), None, run_seed=4, device="meta")
+    assert seen == {"run_seed": 4, "device": "meta"} and source.encode == "encoder"
