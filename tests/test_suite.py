@@ -374,3 +374,51 @@ def test_the_measured_h200_costs_plan_the_encoder_and_its_rows_in_one_call() -> 
     status = {p.step.name: p.status for p in make_plan(planned, 9 * 60)}
     assert status["pretrain_vits16"] == "planned" and status["frozen_closed_a0.1"] == "planned"
     assert status["mfu_vitb16_bf16"] == "planned" and status["falcon_a0.1"] == "skipped"
+
+
+def test_measured_steps_keep_their_time_and_their_dependents_wait_a_call(tmp_path: Path) -> None:
+    """A measured encoder leaves no calibration output, so the step that reads
+    it is calibrated in the next call, on the finished encoder's output; a
+    calibration that would eat into the measured steps' time is not run."""
+    now = [0.0]
+    argvs: list[list[str]] = []
+
+    def mfu_step(name, **kw):
+        base = _step(name, ratio=10).__dict__
+        return Step(**{**base, "argv": ("suite", "mfu", "--out", "{out}", "--in", "{encoder}"), **kw})
+
+    enc = Step(**{**mfu_step("pretrain_vits16").__dict__, "measured_s": {"G": 100.0}, "measured_note": "m"})
+    reader = mfu_step("reader", needs=("pretrain_vits16",))
+    late = mfu_step("late")
+
+    def command(argv):
+        argvs.append(list(argv))
+        out = Path(argv[argv.index("--out") + 1])
+        now[0] += 5.0 if "calibration" in str(out) else 20.0
+        out.mkdir(parents=True)
+        (out / "mfu.json").write_text(json.dumps({"model": "m", "dtype": "bf16", "batch": 1,
+                                                  "mfu": 0.3, "achieved_tflops": 1.0, "provenance": {}}))  # fmt: skip
+        return 0
+
+    def call(budget_min):
+        req = SuiteRequest(out=tmp_path, budget_min=budget_min, steps=[enc, reader, late], machine="G")
+        start = now[0]
+        res = run_suite(req, command, clock=lambda: now[0] - start, log=lambda s: None)
+        return {p.step.name: p for p in res.planned}
+
+    first = call(4.0)  # 240 s: 115 reserved for the encoder, 125 left: "late" calibrates
+    assert first["pretrain_vits16"].status == "done" and first["late"].status == "done"
+    assert first["reader"].status == "skipped" and "a call after it has run" in first["reader"].reason
+    argvs.clear()
+    second = call(4.0)  # the encoder is done: the reader calibrates on its output
+    assert second["reader"].status == "done"
+    cal = next(a for a in argvs if "calibration" in a[a.index("--out") + 1])
+    assert cal[cal.index("--in") + 1].startswith(str(tmp_path / "runs" / "pretrain_vits16"))
+    tight = call(1.0)  # nothing pending but the done steps: nothing to calibrate
+    assert all(p.status == "done" for p in tight.values())
+
+    crowded = SuiteRequest(out=tmp_path / "c", budget_min=2.5, steps=[enc, late], machine="G")
+    by = {p.step.name: p for p in run_suite(crowded, command, clock=lambda: 0.0, log=lambda s: None).planned}
+    # 150 s - 115 reserved = 35 s < CALIBRATION_MIN_S: "late" is not calibrated
+    assert by["late"].status == "skipped" and "no time to calibrate" in by["late"].reason
+    assert by["pretrain_vits16"].status == "done"

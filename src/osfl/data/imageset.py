@@ -70,7 +70,8 @@ class ImageSet:
 
     def subset(self, indices: Sequence[int] | np.ndarray | torch.Tensor) -> ImageSet:
         """The samples at ``indices`` (in that order), sharing class names."""
-        idx = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+        # a copy: indices may be a read-only array (a partition read from its cache)
+        idx = torch.from_numpy(np.array(indices, dtype=np.int64))
         return ImageSet(
             images=self.images[idx],
             labels=self.labels[idx],

@@ -99,6 +99,11 @@ def use_pack(pack_dir: Path | None, unpack_dir: Path, log: Callable[[str], None]
     log(f"OSFL_CIFAR10={root} (unpacked from {pack_dir / 'cifar10.npz'})")
 
 
+#: The least time a calibration may have (it runs a short form of its step:
+#: CUDA's start, data loading, a few epochs).
+CALIBRATION_MIN_S = 60.0
+
+
 def _gpu_name() -> str | None:
     # heavy: torch, only to name the GPU whose measured step costs apply
     import torch
@@ -157,6 +162,11 @@ class _Suite:
         return self.budget_s - (self.clock() - self.start)
 
     def encoder(self, phase: str) -> Path:
+        """The encoder a command of ``phase`` reads: the calibration's own,
+        or, once the encoder step has run, that step's."""
+        done = self.by_name.get("pretrain_vits16")
+        if phase == "calibration" and done is not None and done.status == "done":
+            phase = "runs"
         return self.req.out / phase / "pretrain_vits16" / ENCODER
 
     def command(self, step: Step, phase: str) -> list[str]:
@@ -180,42 +190,52 @@ class _Suite:
         return ok, self.clock() - t0, why
 
     def calibrate(self) -> float:
-        """Estimate every step: from its cost measured on a machine like this
-        one where there is one (a calibration's fixed costs, scaled by the
+        """Estimate every step: first from its cost measured on a machine like
+        this one where there is one (a calibration's fixed costs, scaled by the
         step's ratio, overestimate a short lease's steps many times: 30 s of
-        calibration, 8 s of it training, for a 360-s encoder step), else from
-        a calibration run."""
+        calibration, 8 s of it training, for a 360-s encoder step), then, for
+        the rest, from a calibration run, but only while the budget still
+        holds the measured steps plus :data:`CALIBRATION_MIN_S`: calibrating
+        cheap later steps must not crowd out the valuable measured ones."""
         t0 = self.clock()
         machine = None if self.req.dry_run else self.req.machine or _gpu_name()
-        for p in self.planned:
-            if p.status == "done" or p.calibration_s is not None:
-                continue  # calibrated by an earlier call
+        pending = [p for p in self.planned if p.status != "done" and p.calibration_s is None]
+        reserved = 0.0
+        for p in pending:
             measured = None if machine is None else p.step.measured(machine)
             if measured is not None:
                 p.calibration_s, p.estimate_s = 0.0, measured
                 p.estimate_from = f"{p.step.measured_note} (x{MEASURED_MARGIN})"
+                reserved += measured
                 self.log(f"{p.step.name}: estimate {measured:.0f} s, {p.estimate_from}")
-                continue
-            bad = [n for n in p.step.needs if self.by_name.get(n) is None
-                   or self.by_name[n].calibration_s is None]  # fmt: skip
-            if bad:
-                p.status, p.reason = "skipped", f"needs {', '.join(bad)}, not calibrated"
-                continue
-            if self.left() <= 0:
-                p.status, p.reason = "skipped", "the budget ran out while calibrating"
-                continue
-            argv = self.command(p.step, "calibration")
-            _fresh(self.req.out / "calibration" / p.step.name)
-            self.log(f"calibrating {p.step.name}: osfl {shlex.join(argv)}")
-            ok, seconds, why = self.execute(argv)
-            if not ok:
-                p.status, p.reason = "failed", f"calibration failed: {why}"
-                continue
-            p.calibration_s = seconds
-            p.estimate_s = seconds * p.step.work_ratio(dry_run=self.req.dry_run)
-            p.estimate_from = "calibration"
-            self.log(f"  {seconds:.1f} s -> estimate {p.estimate_s:.0f} s")
+        for p in (p for p in pending if p.calibration_s is None):
+            self.calibrate_one(p, reserved)
         return self.clock() - t0
+
+    def calibrate_one(self, p: Planned, reserved: float) -> None:
+        """Run ``p``'s calibration, unless what it reads or the time is missing."""
+        needs = [self.by_name.get(n) for n in p.step.needs]
+        bad = [n for n, q in zip(p.step.needs, needs, strict=True) if q is None
+               or (q.status != "done" and q.estimate_from != "calibration")]  # fmt: skip
+        if bad:  # a measured step leaves no calibration output to read: a later call
+            p.status = "skipped"
+            p.reason = f"needs {', '.join(bad)}'s output: calibrated in a call after it has run"
+            return
+        if self.left() - reserved < CALIBRATION_MIN_S:
+            p.status = "skipped"
+            p.reason = f"no time to calibrate beside the measured steps' {reserved:.0f} s"
+            return
+        argv = self.command(p.step, "calibration")
+        _fresh(self.req.out / "calibration" / p.step.name)
+        self.log(f"calibrating {p.step.name}: osfl {shlex.join(argv)}")
+        ok, seconds, why = self.execute(argv)
+        if not ok:
+            p.status, p.reason = "failed", f"calibration failed: {why}"
+            return
+        p.calibration_s = seconds
+        p.estimate_s = seconds * p.step.work_ratio(dry_run=self.req.dry_run)
+        p.estimate_from = "calibration"
+        self.log(f"  {seconds:.1f} s -> estimate {p.estimate_s:.0f} s")
 
     def run_planned(self) -> None:
         for p in self.planned:
