@@ -192,6 +192,14 @@ def run_mutmut(pattern: str, test_globs: list[str] | None = None, max_children: 
     return 0
 
 
+def mutant_pattern(module: str) -> str:
+    """The mutmut names of ``module``'s mutants: ``<module>.*``; a package's own
+    functions (``pkg/__init__.py``, named ``pkg.__init__`` here) are mutmut's
+    ``pkg.x_<function>`` / ``pkg.xǁ<class>ǁ...``, so ``pkg.x*``."""
+    package = module.removesuffix(".__init__")
+    return f"{package}.x*" if package != module else f"{module}.*"
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("modules", nargs="*", help="dotted module or package names")
@@ -206,7 +214,7 @@ def main() -> int:
     os.chdir(ROOT)  # mutmut reads pyproject.toml and writes mutants/ here
     if not args.report:
         for m in modules:
-            code = run_mutmut(f"{m}.*", args.tests, args.max_children)
+            code = run_mutmut(mutant_pattern(m), args.tests, args.max_children)
             if code not in (0, 1):
                 return code
     print(table(results(modules)))
