@@ -115,4 +115,12 @@ def main(dirs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    args = sys.argv[1:]
+    if not args or {"-h", "--help"} & set(args):
+        print(__doc__)
+        sys.exit(0 if args else 2)
+    missing = [d for d in args if not (Path(d) / "metrics.json").is_file()]
+    if missing:
+        print(f"fedmitr_table.py: error: no metrics.json in {', '.join(missing)}", file=sys.stderr)
+        sys.exit(2)
+    main(args)
