@@ -30,3 +30,25 @@ def test_mmd_kernel_and_bandwidth() -> None:
     assert median_bandwidth(x, y) == pytest.approx(2.0)  # distances 1,3,4,2,3,1 -> median 2
     with pytest.raises(ValueError, match="two samples"):
         mmd2(x[:1], y)
+
+
+def test_the_bandwidth_enters_squared_and_a_zero_bandwidth_is_floored() -> None:
+    """k(a, b) = exp(−‖a − b‖² / (2σ²)) at σ = 2 (σ² = 4, not σ³ = 8), and σ
+    = 0 (identical points: median distance 0) is floored at 1e-12, not at 1."""
+    x = torch.tensor([[0.0], [1.0]])
+    y = torch.tensor([[3.0], [4.0]])
+    k = lambda a, b: math.exp(-((a - b) ** 2) / 8.0)  # noqa: E731  (σ = 2)
+    expect = (k(0, 1) + k(3, 4)) - 2 * (k(0, 3) + k(0, 4) + k(1, 3) + k(1, 4)) / 4
+    assert mmd2(x, y, bandwidth=2.0) == pytest.approx(expect, rel=1e-9)
+    # σ = 1e-6: every distinct pair's kernel is 0, only the (dropped) diagonals are 1
+    tiny = mmd2(x, y, bandwidth=1e-6, unbiased=False)
+    assert tiny == pytest.approx(0.5 + 0.5, abs=1e-12)  # mean(kxx) + mean(kyy), kxy = 0
+    assert mmd2(x, y, bandwidth=0.0, unbiased=False) == pytest.approx(1.0, abs=1e-12)
+    with pytest.raises(ValueError, match=r"^mmd2 needs at least two samples on each side$"):
+        mmd2(x, y[:1])
+
+
+def test_median_bandwidth_of_one_point_each_is_their_distance_and_of_nothing_one() -> None:
+    assert median_bandwidth(torch.tensor([[0.0]]), torch.tensor([[3.0]])) == pytest.approx(3.0)
+    empty = torch.zeros(0, 2)
+    assert median_bandwidth(empty, empty) == 1.0  # no pair: the kernel's unit scale

@@ -263,3 +263,17 @@ def test_synthesize_returns_the_best_normalised_batch() -> None:
         float(x.min()) >= -2.0 - 1e-5 and float(x.max()) <= 2.0 + 1e-5
     )  # normalised sigmoid range
     assert min(costs) < costs[0]
+
+
+def test_pool_sample_draws_with_the_given_generator_and_one_image_is_enough() -> None:
+    pool = SyntheticPool()
+    pool.add(torch.arange(6, dtype=torch.float32).view(6, 1, 1, 1), torch.arange(6))
+    torch.manual_seed(123)  # the global RNG must not be what draws
+    got = pool.sample(4, generator=torch.Generator().manual_seed(7)).labels
+    expect = torch.randperm(6, generator=torch.Generator().manual_seed(7))[:4]
+    assert got.tolist() == expect.tolist()
+    one = SyntheticPool()
+    one.add(torch.zeros(1, 1, 1, 1), torch.tensor([3]))
+    assert one.sample(5).labels.tolist() == [3]
+    with pytest.raises(DataError, match=r"^cannot sample from an empty synthetic pool$"):
+        SyntheticPool().sample(1)

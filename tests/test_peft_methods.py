@@ -252,3 +252,26 @@ def test_starts_from_a_pretrained_checkpoint(tmp_path) -> None:
         if not k.startswith("head."):  # 100 classes in the checkpoint, 10 here: head dropped
             assert torch.equal(v, ckpt[k]), k
     assert base["head.weight"].shape == (10, 64)
+
+
+def test_client_costs_follow_the_round_and_the_client() -> None:
+    """FedBFPT trains another block at each stage and FedRA another depth per
+    client: the costs of (round, client) are those of the names that client
+    trains in that round."""
+    m, _ = method(
+        "fedbfpt",
+        "model.kwargs={patch_size: 4, depth: 4, embed_dim: 32, num_heads: 2}",
+        "method.fedbfpt.rounds=4",
+    )
+    model = m.build_model()
+    sizes = dict(model.named_parameters())
+    for rnd in (0, 2, 3):
+        costs = m.client_costs(rnd, 1)
+        assert costs["trainable_parameters"] == sum(sizes[n].numel() for n in m.client_names(rnd, 1))
+    ra, _ = method("fedra", "method.fedra.depths=[2,1]")
+    sizes = dict(ra.build_model().named_parameters())
+    clients = range(ra.run.num_clients)
+    counts = {c: ra.client_costs(1, c)["trainable_parameters"] for c in clients}
+    assert counts == {c: sum(sizes[n].numel() for n in ra.client_names(1, c)) for c in clients}
+    assert len(set(counts.values())) > 1  # the allocation differs between clients
+    assert ra.client_costs(0, 0) != ra.client_costs(0, 1)
