@@ -31,6 +31,7 @@ from osfl.methods.falcon import (
     synthetic_counts,
     teacher_probs,
 )
+from osfl.methods.falcon.generator import sample_gmm
 from osfl.methods.falcon.upload import candidate_sizes, choose_form, sequence_key
 from osfl.methods.frozen import FitConfig, fit
 
@@ -568,3 +569,61 @@ def test_student_selection_by_validation_keeps_the_most_accurate_epoch(tiny) -> 
     give_validation(chosen, validation)
     assert max(stopped) > stopped[-1]  # the last epoch is not the best, so the choice shows
     assert accuracy_on_validation(chosen) == pytest.approx(max(stopped))
+
+
+def test_attention_weights_are_the_fused_attentions_weights() -> None:
+    """``attention_weights`` is softmax(QKᵀ/√d) under the mask, row-normalised:
+    times V and projected it gives the block's fused (SDPA) attention."""
+    g = generator("mar")
+    attn = g.blocks[0].attn
+    x = torch.randn(3, V + 1, g.pos.shape[1], generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        w = attn.attention_weights(x, g.attn_mask)
+        _, _, v = attn._qkv(x)
+        b, n, c = x.shape
+        by_hand = attn.proj((w @ v).transpose(1, 2).reshape(b, n, c))
+        fused = attn(x, g.attn_mask)
+    assert torch.allclose(w.sum(-1), torch.ones(3, attn.heads, n), atol=1e-6)
+    assert torch.allclose(by_hand, fused, atol=1e-5)
+
+
+def test_layout_shapes_masks_and_inputs_without_tokens() -> None:
+    """NAR: V + 1 positions (class + V queries), each query seeing the class
+    token and itself (a boolean mask); AR: no tokens given equals zero tokens."""
+    nar = generator("nar")
+    assert nar.pos.shape[0] == V + 1
+    expect = torch.eye(V + 1, dtype=torch.bool)
+    expect[:, 0] = True
+    assert nar.attn_mask.dtype == torch.bool and torch.equal(nar.attn_mask, expect)
+    for length in (2, V):
+        ar = generator("ar", length=length)
+        y = torch.tensor([0, 2])
+        zeros = torch.zeros(2, length, D)
+        with torch.no_grad():
+            assert torch.equal(ar.layout.inputs(ar, y, None), ar.layout.inputs(ar, y, zeros))
+            assert ar.layout.inputs(ar, y, zeros).shape[1] == length  # class + the first V-1 tokens
+
+
+@pytest.mark.parametrize("variant", ["ar", "nar"])
+def test_sampling_follows_the_given_generator_and_the_tokens_drawn_so_far(variant: str) -> None:
+    """Token t of an AR sample is drawn from the mixture the generator gives
+    after the tokens drawn before it (a reference loop here), with the
+    caller's random generator only."""
+    g = generator(variant)
+    y = torch.tensor([0, 1, 2])
+    with torch.no_grad():
+        torch.manual_seed(99)  # the global RNG must not be what draws
+        got = g.layout.sample(g, y, torch.Generator().manual_seed(5))
+        ref_gen = torch.Generator().manual_seed(5)
+        if variant == "ar":
+            z = torch.zeros(3, V, D)
+            for t in range(V):
+                h = g.hidden(g.layout.inputs(g, y, z))
+                logit_pi, mu, logvar = g.head(h[:, t])
+                z = z.clone()
+                z[:, t] = sample_gmm(logit_pi, mu, logvar, ref_gen)
+            ref = z
+        else:
+            h = g.hidden(g.layout.inputs(g, y, None))[:, 1:].reshape(3 * V, -1)
+            ref = sample_gmm(*g.head(h), ref_gen).reshape(3, V, -1)
+    assert torch.equal(got, ref)
