@@ -151,3 +151,31 @@ def test_prompt_tokens_are_vpt_shallow_registers() -> None:
     assert model(x).shape == (2, 10)
     with pytest.raises(ConfigError, match="register"):
         add_prompt_tokens(model, 2)
+
+
+def test_merged_keeps_the_bias_choice_and_the_dtype() -> None:
+    """A base without a bias merges into a Linear without one; a float64 base
+    into a float64 Linear, computing the same function."""
+    torch.manual_seed(0)
+    for bias in (False, True):
+        base = nn.Linear(6, 4, bias=bias).double()
+        lora = LoRALinear(base, rank=2, alpha=4.0)
+        lora.reset_lora()
+        with torch.no_grad():
+            lora.lora_B.normal_()  # a non-zero update to merge
+        lin = lora.merged()
+        assert (lin.bias is None) == (not bias)
+        assert lin.weight.dtype == torch.float64
+        x = torch.randn(3, 6, dtype=torch.float64)
+        with torch.no_grad():
+            assert torch.allclose(lin(x), lora(x), atol=1e-12)
+
+
+def test_merged_lives_where_the_lora_layer_does() -> None:
+    from simulated_device import simulated_device
+
+    torch.manual_seed(0)
+    with simulated_device() as dev:
+        lora = LoRALinear(nn.Linear(6, 4).to(dev), rank=2, alpha=4.0)
+        lora.reset_lora()
+        assert lora.merged().weight.device == dev
