@@ -23,7 +23,7 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from osfl.report import read_metrics
+from osfl.report import mean_std_text, read_metrics
 
 
 def collect(run_dirs: list[str]) -> dict[str, dict[str, dict[str, dict[int, float]]]]:
@@ -41,8 +41,7 @@ def collect(run_dirs: list[str]) -> dict[str, dict[str, dict[str, dict[int, floa
 
 
 def cell(values: dict[int, float]) -> str:
-    v = [values[s] for s in sorted(values)]
-    return f"{statistics.mean(v):.2f} ± {statistics.stdev(v):.2f}" if len(v) > 1 else f"{v[0]:.2f}"
+    return mean_std_text([values[s] for s in sorted(values)])
 
 
 def main(argv: list[str] | None = None) -> int:

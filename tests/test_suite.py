@@ -422,3 +422,10 @@ def test_measured_steps_keep_their_time_and_their_dependents_wait_a_call(tmp_pat
     # 150 s - 115 reserved = 35 s < CALIBRATION_MIN_S: "late" is not calibrated
     assert by["late"].status == "skipped" and "no time to calibrate" in by["late"].reason
     assert by["pretrain_vits16"].status == "done"
+
+
+def test_rows_print_seeds_as_reproduction_does() -> None:
+    from osfl.report import mean_std_text
+
+    assert mean_std_text([67.2]) == "67.20"  # one seed: no std
+    assert mean_std_text([67.2, 67.08, 67.68]) == "67.32 ± 0.32"  # sample std (n - 1)

@@ -18,7 +18,6 @@ import json
 import logging
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -464,11 +463,11 @@ def cmd_suite(args: argparse.Namespace) -> int:
         return mfu.main(args.rest)
     if args.suite_command == "pack":
         # heavy: numpy (osfl.suite.pack)
-        from osfl.suite.pack import pack
+        from osfl.suite.pack import download_lent_wheels, pack
 
         source = args.cifar10 or os.environ.get("OSFL_CIFAR10")
         with tempfile.TemporaryDirectory() as tmp:
-            wheels = _download_lent_wheels(Path(tmp)) if args.wheels else []
+            wheels = download_lent_wheels(Path(tmp)) if args.wheels else []
             manifest = pack(args.out, cifar10=source, weights=args.weights or [],
                             wheels=wheels, max_per_class=args.max_per_class)  # fmt: skip
         for name, entry in manifest["files"].items():
@@ -495,18 +494,6 @@ def cmd_suite(args: argparse.Namespace) -> int:
     print(f"{done} of {len(result.planned)} steps finished in {result.wall_s:.0f} s "
           f"(calibration {result.calibration_s:.0f} s); rows: {args.out}/reproduction_gpu.md")  # fmt: skip
     return 0
-
-
-def _download_lent_wheels(dest: Path) -> list[Path]:
-    """The wheels a lent machine lacks, downloaded into ``dest`` (pip, from the
-    package index this machine reaches)."""
-    # heavy: numpy (osfl.suite.pack)
-    from osfl.suite.pack import wheel_download_command
-
-    done = subprocess.run(wheel_download_command(dest), capture_output=True, text=True)
-    if done.returncode != 0:
-        raise ConfigError(f"pip download of the lent machine's wheels failed:\n{done.stderr}")
-    return sorted(dest.glob("*.whl"))
 
 
 def _add_suite_parser(sub: Any) -> None:

@@ -14,6 +14,7 @@ import math
 import os
 import platform
 import re
+import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -240,6 +241,14 @@ def by_regime(rows: Sequence[Row]) -> dict[str, list[Row]]:
 def regime_heading(regime: str) -> str:
     """``regime: what it presupposes`` (the regime names of osfl.fl.method)."""
     return f"regime `{regime}`: {REGIMES[regime]}" if regime in REGIMES else f"regime `{regime}`"
+
+
+def mean_std_text(values: Sequence[float]) -> str:
+    """``"m ± s"`` of ``values`` (sample std, 2 decimals; one value alone): how
+    REPRODUCTION prints a row of seeds."""
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
 def _pct(s: Stat | None) -> str:

@@ -212,11 +212,15 @@ class _Suite:
             self.calibrate_one(p, reserved)
         return self.clock() - t0
 
+    def calibration_can_read(self, name: str) -> bool:
+        """Whether step ``name`` left an output a calibration can read: its
+        finished run, or its own calibration run (a measured step has none)."""
+        q = self.by_name.get(name)
+        return q is not None and (q.status == "done" or q.estimate_from == "calibration")
+
     def calibrate_one(self, p: Planned, reserved: float) -> None:
         """Run ``p``'s calibration, unless what it reads or the time is missing."""
-        needs = [self.by_name.get(n) for n in p.step.needs]
-        bad = [n for n, q in zip(p.step.needs, needs, strict=True) if q is None
-               or (q.status != "done" and q.estimate_from != "calibration")]  # fmt: skip
+        bad = [n for n in p.step.needs if not self.calibration_can_read(n)]
         if bad:  # a measured step leaves no calibration output to read: a later call
             p.status = "skipped"
             p.reason = f"needs {', '.join(bad)}'s output: calibrated in a call after it has run"
@@ -309,12 +313,6 @@ def run_suite(
 
 
 # --------------------------------------------------------------------------- rows
-def _mean_std(values: Sequence[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
-
-
 def step_rows(step: Step, out: Path, argv: Sequence[str], *, dry_run: bool) -> list[dict[str, Any]]:
     """The rows of a finished step: one per method and grid point (runs),
     one for an encoder or a benchmark."""
@@ -339,6 +337,9 @@ def step_rows(step: Step, out: Path, argv: Sequence[str], *, dry_run: bool) -> l
         return [{**common, "method": f"MFU {m['model']} {m['dtype']}", "setting": f"batch {m['batch']}",
                  "paper": step.paper.get("mfu"), "ours": ours, "per_seed": [ours],
                  "achieved_tflops": m["achieved_tflops"], "provenance": m["provenance"]}]  # fmt: skip
+    # heavy: torch (osfl.report), only once a step has finished
+    from osfl.report import mean_std_text
+
     records = json.loads((out / "metrics.json").read_text())["records"]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in records:
@@ -348,7 +349,7 @@ def step_rows(step: Step, out: Path, argv: Sequence[str], *, dry_run: bool) -> l
         recs.sort(key=lambda r: r["seed"])
         accs = [100 * r["global_test_accuracy"] for r in recs]
         rows.append({**common, "method": method, "setting": point, "paper": step.paper.get(method),
-                     "ours": statistics.mean(accs), "ours_text": _mean_std(accs),
+                     "ours": statistics.mean(accs), "ours_text": mean_std_text(accs),
                      "seeds": [r["seed"] for r in recs], "per_seed": accs,
                      "provenance": recs[0].get("provenance", {})})  # fmt: skip
     return rows

@@ -34,6 +34,7 @@ import importlib.metadata
 import json
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -154,6 +155,15 @@ def wheel_download_command(dest: str | os.PathLike[str]) -> list[str]:
     return [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
             "--python-version", LENT_PYTHON, "--implementation", "cp", *platforms,
             "-d", str(dest), *pins]  # fmt: skip
+
+
+def download_lent_wheels(dest: Path) -> list[Path]:
+    """The wheels a lent machine lacks (:func:`wheel_download_command`),
+    downloaded into ``dest`` from the package index this machine reaches."""
+    done = subprocess.run(wheel_download_command(dest), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise ConfigError(f"pip download of the lent machine's wheels failed:\n{done.stderr}")
+    return sorted(dest.glob("*.whl"))
 
 
 def pack(
