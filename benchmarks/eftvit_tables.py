@@ -5,7 +5,11 @@ Every EFTViT record holds the mean of the clients' own models (its
 server's predictor (``server_accuracy``), at the end and, with
 ``eval_every``, per round (``curve``). This prints, per run directory and
 grid point (client learning rate × Dirichlet β), the final accuracy of both,
-each one's best round and the first round each reaches a target, and writes
+each one's best round on the test set (optimistic: it is chosen by looking
+at test scores), the round a validation split chooses (runs with
+``data.validation_fraction > 0``: the record's ``best_on_validation``, the
+clients' mean) with its test accuracy, and the first round each reaches a
+target, and writes
 every per-seed value to a JSON file (the repository keeps it under
 ``reproduction/``).
 
@@ -37,6 +41,19 @@ def best(curve: Sequence[Mapping[str, Any]], key: str) -> tuple[float, int] | No
     return round(100 * float(top[key]), 2), int(top["round"]) + 1
 
 
+def on_validation(record: Mapping[str, Any]) -> tuple[int, float, float] | None:
+    """The round the validation split chooses (counted from 1), its validation
+    and its test accuracy (%), or None for a run without a validation split."""
+    chosen = record.get("best_on_validation")
+    if not chosen:
+        return None
+    return (
+        int(chosen["round"]) + 1,
+        round(100 * float(chosen["validation_accuracy"]), 2),
+        round(100 * float(chosen["accuracy"]), 2),
+    )
+
+
 def row(record: Mapping[str, Any], targets: Mapping[float, float]) -> dict[str, Any]:
     """The values of one EFTViT record (accuracies in %)."""
     alpha = float(record["partition"]["params"]["alpha"])
@@ -51,6 +68,7 @@ def row(record: Mapping[str, Any], targets: Mapping[float, float]) -> dict[str, 
         "clients_not_sampled": record.get("clients_not_sampled", []),
         "best_clients_mean": best(curve, "accuracy"),
         "best_server": best(curve, "server_accuracy"),
+        "on_validation": on_validation(record),
         "rounds": int(record["rounds"]),
     }
     if alpha in targets:
@@ -75,6 +93,10 @@ def _best_cell(value: tuple[float, int] | None) -> str:
     return "–" if value is None else f"{value[0]:.1f} ({value[1]})"
 
 
+def _validation_cell(value: Sequence[float] | None) -> str:
+    return "–" if not value else f"{int(value[0])}: {value[2]:.1f}"
+
+
 def _target_cell(r: Mapping[str, Any]) -> str:
     """Rounds to the target, clients' mean / server ("–": not reached, blank: no target)."""
     if "target" not in r:
@@ -87,8 +109,9 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The table's lines: one per record (run directory, β, client lr, seed)."""
     lines = [
         "| run | β | client lr | seed | clients' mean | server | best clients' mean (round) "
-        "| best server (round) | clients' range | rounds to target (clients' mean / server) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| best server (round) | chosen on validation: round, clients' mean | clients' range "
+        "| rounds to target (clients' mean / server) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         own = [a for a in r["clients"] if a is not None]
@@ -96,7 +119,8 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         lines.append(
             f"| {r.get('run', '')} | {r['alpha']} | {r['lr']:g} | {r['seed']} | {r['clients_mean']:.1f} "
             f"| {r['server']:.1f} | {_best_cell(r['best_clients_mean'])} "
-            f"| {_best_cell(r['best_server'])} | {spread} | {_target_cell(r)} |"
+            f"| {_best_cell(r['best_server'])} | {_validation_cell(r.get('on_validation'))} "
+            f"| {spread} | {_target_cell(r)} |"
         )
     return lines
 

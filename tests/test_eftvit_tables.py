@@ -74,6 +74,7 @@ def test_row_reads_both_predictors_and_the_target_of_its_beta() -> None:
     assert r["target"] == 0.4
     assert r["rounds_to_target_clients_mean"] == 2
     assert r["rounds_to_target_server"] == 3
+    assert r["on_validation"] is None  # a run without a validation split
     # no target for this β: no target keys
     assert "target" not in t.row(_record(alpha=0.5), {0.1: 0.4})
 
@@ -98,3 +99,13 @@ def test_collect_keeps_eftvit_records_sorted_and_the_table_marks_gaps(tmp_path: 
     # β 0.1: 60 % never reached by either predictor; β 1.0 has no target
     assert lines[2].endswith("| 34.0–50.0 | 60 %: – / – |")
     assert lines[4].endswith("| 34.0–50.0 |  |")
+
+
+def test_the_round_chosen_on_validation_is_read_from_the_record() -> None:
+    t = _tables()
+    record = {**_record(), "best_on_validation": {"round": 1, "validation_accuracy": 0.47, "accuracy": 0.45}}
+    r = t.row(record, {})
+    assert r["on_validation"] == (2, 47.0, 45.0)  # round index 1 = round 2; test 45 %, not the best 50
+    line = t.markdown([r])[-1]
+    assert "| 2: 45.0 |" in line
+    assert "| – |" in t.markdown([t.row(_record(), {})])[-1]

@@ -96,3 +96,78 @@ def test_every_section_has_a_rerun_status_row() -> None:
     rows = [line.split(" | ")[0].removeprefix("| ") for line in table.splitlines()
             if line.startswith("| ") and not line.startswith("| section")]  # fmt: skip
     assert rows == sections[1:]
+
+
+#: Words that mark a printed mean ± std as someone else's or an earlier run's
+#: (a paper's number, a table printed before a re-run): such values are quoted
+#: for comparison and have no per-seed file to back them.
+CONTEXT_WORDS = ("paper", "earlier", "before")
+
+
+def table_header(lines: list[str], row: int) -> list[str] | None:
+    """The header cells of the Markdown table that line ``row`` belongs to."""
+    if not lines[row].startswith("|"):
+        return None
+    i = row
+    while i > 0 and lines[i - 1].startswith("|"):
+        i -= 1
+    return [c.strip() for c in lines[i].strip("|").split("|")]
+
+
+def is_context(lines: list[str], row: int, start: int) -> bool:
+    """Whether the value starting at column ``start`` of line ``row`` is a
+    quoted one: its line (or, in a table, its column's header) says so, or it
+    is bracketed as an earlier measurement ``(m ± s)``."""
+    line = lines[row]
+    header = table_header(lines, row)
+    if header is None:
+        text = line
+    else:
+        column = line[:start].count("|") - 1
+        text = header[column] if 0 <= column < len(header) else ""
+        text += " " + line.split("|")[1]  # the row's own label ("paper (CIFAR-10 ...)")
+    if any(w in text.lower() for w in CONTEXT_WORDS):
+        return True
+    return start > 0 and line[start - 1] == "("
+
+
+def backed(mean: float, std: float, decimals: int, groups: list[tuple[float, float]]) -> bool:
+    tol = 0.5 * 10**-decimals + 1e-4
+    return any(abs(m - mean) <= tol and abs(s - std) <= tol for m, s in groups)
+
+
+def test_every_printed_mean_and_std_has_its_per_seed_values() -> None:
+    """The converse of the checks above: every mean ± std the page prints is a
+    group of per-seed values in some file under ``reproduction/``, unless it is
+    quoted (a paper's number, an earlier run's, marked as such)."""
+    groups = [
+        (statistics.mean(g), statistics.stdev(g))
+        for path in FILES
+        for g in seed_groups(json.loads(path.read_text()))
+    ]
+    lines = PAGE.splitlines()
+    unbacked = [
+        (n + 1, match.group(0))
+        for n, line in enumerate(lines)
+        for match in re.finditer(r"(-?\d+\.\d+) ± (\d+\.\d+)", line)
+        if not backed(float(match[1]), float(match[2]), len(match[1].partition(".")[2]), groups)
+        and not is_context(lines, n, match.start())
+    ]
+    assert not unbacked, f"mean ± std without per-seed values (line, value): {unbacked}"
+
+
+def test_a_quoted_value_needs_its_marker() -> None:
+    lines = [
+        "| method | ours | paper |",
+        "|---|---:|---:|",
+        "| FedAvg | 19.8 ± 2.6 | 21.0 ± 1.0 |",
+        "the earlier run printed 32.38 ± 2.23",
+        "our run gave 32.38 ± 2.23",
+        "| x | 18.1 ± 2.3 (19.8 ± 2.2) |",
+    ]
+    assert not is_context(lines, 2, lines[2].index("19.8"))
+    assert is_context(lines, 2, lines[2].index("21.0"))
+    assert is_context(lines, 3, lines[3].index("32.38"))
+    assert not is_context(lines, 4, lines[4].index("32.38"))
+    assert not is_context(lines, 5, lines[5].index("18.1"))
+    assert is_context(lines, 5, lines[5].index("19.8"))

@@ -364,3 +364,51 @@ def test_hf_save_to_disk_round_trip(tmp_path):
     assert s.train.images.shape == (6, 3, 5, 5) and s.test.images.shape == (4, 3, 5, 5)
     assert s.test.images[:, 0, 0, 0].tolist() == [100, 110, 120, 130]
     assert s.train.name == "hfset"
+
+
+def test_bundled_digits_are_scikit_learns_arrays() -> None:
+    from sklearn.datasets import load_digits
+
+    from osfl.data.sources.digits import bundled_digits
+
+    grey, target = bundled_digits()
+    bunch = load_digits()
+    assert np.array_equal(grey, bunch.images) and grey.dtype == bunch.images.dtype
+    assert np.array_equal(target, bunch.target)
+
+
+def test_digits_fall_back_to_load_digits_without_the_csv(monkeypatch) -> None:
+    from osfl.data.sources import digits
+
+    direct = digits.bundled_digits()
+    monkeypatch.setattr(digits, "bundled_csv", lambda: None)
+    fallback = digits.bundled_digits()
+    assert all(np.array_equal(a, b) for a, b in zip(direct, fallback, strict=True))
+
+
+def test_the_csv_is_found_in_any_search_location(monkeypatch, tmp_path) -> None:
+    import importlib.util
+    from types import SimpleNamespace
+
+    from osfl.data.sources import digits
+
+    real = digits.bundled_csv()
+    assert real is not None and real.name == "digits.csv.gz"
+    spec = SimpleNamespace(submodule_search_locations=[str(tmp_path), str(real.parents[2])])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    assert digits.bundled_csv() == real
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert digits.bundled_csv() is None
+
+
+def test_loading_digits_does_not_import_scikit_learn() -> None:
+    """Importing ``sklearn.datasets`` costs about 0.7 s of the default run."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\nfrom osfl.data.sources import load_data\n"
+        "load_data('digits', image_size=16)\nprint('sklearn' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
