@@ -12,10 +12,16 @@ run with a ``--sweep`` (its records' ``point``, e.g. Dirichlet α) is a
 separate choice per grid point: a setting is chosen for each point on its
 own validation split, never pooled across points.
 
-    python benchmarks/select_on_validation.py RUN_DIR [RUN_DIR ...] [--per-seed OUT.json]
+    python benchmarks/select_on_validation.py RUN_DIR [RUN_DIR ...] [--final RUN_DIR ...] [--per-seed OUT.json]
 
+``--final`` names runs of further seeds made at the chosen settings (their
+records' method and sweep point say which choice they belong to): the second
+table then prints, per choice, the test accuracy of every seed at the last
+round and at the round the run's own validation split chose
+(``best_on_validation``: what a curve that jumps reports), mean ± sample std.
 ``--per-seed`` writes, per method (and grid point) and candidate, the
-per-seed validation and test accuracies (%) and which candidate was chosen.
+per-seed validation and test accuracies (%), which candidate was chosen and,
+with ``--final``, the chosen setting's seeds.
 """
 
 from __future__ import annotations
@@ -58,9 +64,50 @@ def cell(values: dict[int, float]) -> str:
     return mean_std_text([values[s] for s in sorted(values)])
 
 
+def seed_values(record: dict) -> tuple[float, float | None, int | None]:
+    """Test accuracy (%) at the last round, at the round chosen on validation
+    (None without a curve) and that round (counted from 1)."""
+    last = round(100 * float(record["global_test_accuracy"]), 4)
+    chosen = record.get("best_on_validation")
+    if not chosen:
+        return last, None, None
+    return last, round(100 * float(chosen["accuracy"]), 4), int(chosen["round"]) + 1
+
+
+def final_seeds(
+    choices: dict[str, str], grid_dirs: list[str], final_dirs: list[str]
+) -> dict[str, dict[str, object]]:
+    """choice -> the chosen candidate's seeds plus the final runs' seeds:
+    ``accuracy`` and ``on_validation`` (seed -> %) and ``rounds`` (the rounds
+    chosen on validation, in seed order)."""
+    out: dict[str, dict[str, object]] = {}
+    records = [(Path(d).name, r) for d in grid_dirs + final_dirs
+               for r in read_metrics(Path(d) / "metrics.json")["records"]]  # fmt: skip
+    finals = {Path(d).name for d in final_dirs}
+    for name, r in records:
+        key = choice_key(r)
+        if key not in choices or (name != choices[key] and name not in finals):
+            continue
+        entry = out.setdefault(key, {"accuracy": {}, "on_validation": {}, "rounds": {}})
+        seed = str(r["seed"])
+        if seed in entry["accuracy"]:
+            raise SystemExit(f"{name}: seed {seed} of {key} twice (grid and final runs)")
+        last, at_val, chosen_round = seed_values(r)
+        entry["accuracy"][seed] = last
+        if at_val is not None:
+            entry["on_validation"][seed] = at_val
+            entry["rounds"][seed] = chosen_round
+    for entry in out.values():
+        for k in ("accuracy", "on_validation", "rounds"):
+            entry[k] = dict(sorted(entry[k].items(), key=lambda kv: int(kv[0])))
+        entry["rounds"] = list(entry["rounds"].values())  # a list: not a group of accuracies
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dirs", nargs="+")
+    ap.add_argument("--final", nargs="*", default=[], help="runs of more seeds at the chosen settings")
     ap.add_argument("--per-seed", help="write the per-seed values and the choices (JSON)")
     args = ap.parse_args(argv)
     table = collect(args.run_dirs)
@@ -75,6 +122,17 @@ def main(argv: list[str] | None = None) -> int:
         dump[method] = {"chosen": chosen, "candidates": {
             n: {k: {str(s): v for s, v in sorted(a[k].items())} for k in a} for n, a in cands.items()
         }}  # fmt: skip
+    if args.final:
+        finals = final_seeds({k: v["chosen"] for k, v in dump.items()}, args.run_dirs, args.final)
+        print("\n| method | chosen | seeds | test, last round (%) | test, round chosen on validation (%) | rounds chosen |")
+        print("|---|---|---:|---:|---:|---|")
+        for key, f in finals.items():
+            acc, at_val = f["accuracy"], f["on_validation"]
+            shown = mean_std_text(list(at_val.values())) if at_val else "–"
+            rounds = " / ".join(str(n) for n in f["rounds"]) or "–"
+            print(f"| {key} | {dump[key]['chosen']} | {len(acc)} | "
+                  f"{mean_std_text(list(acc.values()))} | {shown} | {rounds} |")  # fmt: skip
+            dump[key]["final"] = f
     if args.per_seed:
         Path(args.per_seed).write_text(json.dumps(dump, indent=1) + "\n")
     return 0

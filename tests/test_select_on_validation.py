@@ -80,3 +80,32 @@ def test_a_record_without_validation_is_refused(tmp_path: Path) -> None:
     del r["validation_accuracy"]
     with pytest.raises(SystemExit, match="no validation_accuracy"):
         sel.main([_run(tmp_path, "noval", [r])])
+
+
+def test_final_runs_add_the_chosen_settings_seeds(tmp_path: Path) -> None:
+    sel = _selector()
+
+    def rec(seed: int, val: float, test: float, chosen: tuple[int, float] | None) -> dict:
+        r = _record("fedavg", 0.1, seed, val, test)
+        if chosen is not None:
+            r["best_on_validation"] = {"round": chosen[0], "validation_accuracy": val,
+                                       "accuracy": chosen[1]}  # fmt: skip
+        return r
+
+    a = _run(tmp_path, "lr_a", [rec(0, 0.60, 0.40, (4, 0.45))])
+    b = _run(tmp_path, "lr_b", [rec(0, 0.50, 0.90, (2, 0.95))])
+    final_a = _run(tmp_path, "more_a", [rec(1, 0.6, 0.50, (9, 0.55)), rec(2, 0.6, 0.60, None)])
+    out = tmp_path / "choice.json"
+    assert sel.main([a, b, "--final", final_a, "--per-seed", str(out)]) == 0
+    final = json.loads(out.read_text())["fedavg @ partition.alpha=0.1"]["final"]
+    assert final["accuracy"] == {"0": 40.0, "1": 50.0, "2": 60.0}
+    assert final["on_validation"] == {"0": 45.0, "1": 55.0}  # seed 2 has no curve
+    assert final["rounds"] == [5, 10]  # counted from 1
+
+
+def test_a_seed_in_both_the_grid_and_a_final_run_is_refused(tmp_path: Path) -> None:
+    sel = _selector()
+    a = _run(tmp_path, "lr_a", [_record("fedavg", 0.1, 0, 0.6, 0.4)])
+    again = _run(tmp_path, "again", [_record("fedavg", 0.1, 0, 0.6, 0.4)])
+    with pytest.raises(SystemExit, match="seed 0 of fedavg"):
+        sel.main([a, "--final", again])

@@ -8,10 +8,6 @@ default run: real images, no download, loaded in milliseconds.
 
 from __future__ import annotations
 
-import gzip
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import torch
 
@@ -49,6 +45,9 @@ def load_digits_data(
     ``cache_dir`` is accepted so that configs move between sources, and unused
     (loading takes milliseconds).
     """
+    # heavy: scikit-learn (~1 s; only the digits source needs it)
+    from sklearn.datasets import load_digits
+
     if path:
         raise DataError(f"'digits' takes no path (it is bundled with scikit-learn), got {path!r}")
     image_size = check_positive_int("image_size", image_size)
@@ -58,11 +57,11 @@ def load_digits_data(
     test_max_per_class = check_positive_int("test_max_per_class", test_max_per_class)
     seed = check_seed(seed)
 
-    grey, target = bundled_digits()
-    pixels = np.rint(grey * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)
+    bunch = load_digits()
+    pixels = np.rint(bunch.images * (255.0 / 16.0)).clip(0, 255).astype(np.uint8)
     images = torch.from_numpy(pixels).unsqueeze(1)  # N×1×8×8
     images = finish(images, image_size=image_size, channels=channels)
-    labels = target.astype(np.int64)
+    labels = bunch.target.astype(np.int64)
     classes = tuple(str(c) for c in range(10))
 
     train_idx, test_idx = stratified_split(labels, test_fraction, seed)
@@ -71,39 +70,3 @@ def load_digits_data(
         test=make_imageset(images[test_idx], labels[test_idx], classes, name="digits"),
     )
     return subset_splits(splits, max_per_class, test_max_per_class, seed)
-
-
-def bundled_csv() -> Path | None:
-    """Where scikit-learn keeps ``digits.csv.gz``, found without importing it
-    (``find_spec`` of a top-level package reads no module), or None."""
-    spec = importlib.util.find_spec("sklearn")
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for root in spec.submodule_search_locations:
-        csv = Path(root) / "datasets" / "data" / "digits.csv.gz"
-        if csv.is_file():
-            return csv
-    return None
-
-
-def bundled_digits() -> tuple[np.ndarray, np.ndarray]:
-    """The 1,797 digits as ``(grey N×8×8 in 0..16, labels N)``, the arrays of
-    ``sklearn.datasets.load_digits`` (``images``, ``target``).
-
-    Read from the CSV that scikit-learn ships, the way ``load_digits`` reads
-    it, because importing ``sklearn.datasets`` costs about 0.7 s of a 13-s
-    default run (BENCHMARKS.md); where the file is not found (another
-    scikit-learn layout), ``load_digits`` itself."""
-    csv = bundled_csv()
-    if csv is None:
-        try:  # heavy: scikit-learn (~1 s)
-            from sklearn.datasets import load_digits
-        except ImportError as e:
-            raise DataError(
-                "the 'digits' source is bundled with scikit-learn: pip install scikit-learn"
-            ) from e
-        bunch = load_digits()
-        return bunch.images, bunch.target
-    with gzip.open(csv, "rt", encoding="utf-8") as f:
-        data = np.loadtxt(f, delimiter=",")
-    return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)

@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.optimize import nnls
 
 from osfl.errors import ConfigError
 
@@ -158,10 +159,6 @@ def simplex_lstsq(
     if full is not None and _is_kkt_point(Q, c, *full, tol=tol):
         z = project_simplex(full[0])
         return SimplexSolution(z, float(np.linalg.norm(A @ z - u)), True, 0)
-    # heavy: scipy.optimize (~0.4 s), imported only where a solve needs it, not
-    # by every run that imports osfl.privacy (the default run does)
-    from scipy.optimize import nnls
-
     w = 1e3 * max(1.0, float(np.linalg.norm(As, 2)))
     z0, _ = nnls(np.vstack([As, w * np.ones((1, n))]), np.concatenate([us, [w]]), maxiter=50 * n)
     z = project_simplex(z0 if z0.sum() > 0 else np.ones(n))
