@@ -4,22 +4,17 @@ every marked command still prints what the docs show."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
+
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def _checker():
-    spec = importlib.util.spec_from_file_location("check_docs", ROOT / "scripts" / "check_docs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["check_docs"] = module  # dataclasses look their module up here
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/check_docs.py")
 
 
 TABLE = """\

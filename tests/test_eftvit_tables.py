@@ -4,21 +4,14 @@ small records."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from scripts import load_script
 
 
 def _tables():
-    spec = importlib.util.spec_from_file_location(
-        "eftvit_tables", ROOT / "benchmarks" / "eftvit_tables.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/eftvit_tables.py")
 
 
 CURVE = [

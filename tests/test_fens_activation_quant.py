@@ -5,9 +5,7 @@ the variants with (FENS's own client step, weighted mean, FedAdam)."""
 
 from __future__ import annotations
 
-import importlib.util
 import warnings
-from pathlib import Path
 
 import torch
 from torch.ao.nn import quantized as nnq
@@ -15,16 +13,11 @@ from torch.ao.nn import quantized as nnq
 from osfl.fl.server_optim import server_step
 from osfl.methods.fens import quantize_int8, quantized_keys
 from osfl.models.cnn import SmallCNN
-
-ROOT = Path(__file__).resolve().parents[1]
+from scripts import load_script
 
 
 def _module():
-    path = ROOT / "benchmarks" / "fens_activation_quant.py"
-    spec = importlib.util.spec_from_file_location("fens_activation_quant", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/fens_activation_quant.py")
 
 
 def test_static_int8_is_default_qconfig_calibrated_by_min_max():

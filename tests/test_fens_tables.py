@@ -4,22 +4,14 @@ options where a record differs from FENS's defaults, and kept apart by run."""
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
-from pathlib import Path
 
 from osfl.methods.fens import FENSConfig
-
-ROOT = Path(__file__).resolve().parents[1]
+from scripts import load_script
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location(
-        "fens_tables", ROOT / "benchmarks" / "fens_tables.py"
-    )
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/fens_tables.py")
 
 
 def test_labels_name_the_options_that_differ_from_the_defaults():

@@ -3,23 +3,16 @@ accuracy, never on test accuracy, and separately per sweep point."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from scripts import load_script
 
 
 def _selector():
-    spec = importlib.util.spec_from_file_location(
-        "select_on_validation", ROOT / "benchmarks" / "select_on_validation.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/select_on_validation.py")
 
 
 def _record(method: str, alpha: float, seed: int, val: float, test: float) -> dict:
