@@ -42,15 +42,20 @@ def choice_key(record: dict) -> str:
     return f"{record['method']} @ {point}" if point else record["method"]
 
 
-def collect(run_dirs: list[str]) -> dict[str, dict[str, dict[str, dict[int, float]]]]:
+def read_runs(run_dirs: list[str]) -> dict[str, list[dict]]:
+    """Each run directory's records, by the directory's name (the candidate)."""
+    return {Path(d).name: read_metrics(Path(d) / "metrics.json")["records"] for d in run_dirs}
+
+
+def collect(runs: dict[str, list[dict]]) -> dict[str, dict[str, dict[str, dict[int, float]]]]:
     """choice (method[ @ point]) -> candidate (run name) -> {"validation", "test"} -> seed -> %."""
     out: dict[str, dict[str, dict[str, dict[int, float]]]] = defaultdict(dict)
-    for d in run_dirs:
-        for r in read_metrics(Path(d) / "metrics.json")["records"]:
+    for d, records in runs.items():
+        for r in records:
             if r.get("validation_accuracy") is None:
                 raise SystemExit(f"{d}: {r['method']} has no validation_accuracy "
                                  "(run it with data.validation_fraction > 0)")  # fmt: skip
-            cand = out[choice_key(r)].setdefault(Path(d).name, {"validation": {}, "test": {}})
+            cand = out[choice_key(r)].setdefault(d, {"validation": {}, "test": {}})
             seed = int(r["seed"])
             if seed in cand["test"]:
                 raise SystemExit(f"{d}: two records of {choice_key(r)}, seed {seed}: a run "
@@ -75,15 +80,13 @@ def seed_values(record: dict) -> tuple[float, float | None, int | None]:
 
 
 def final_seeds(
-    choices: dict[str, str], grid_dirs: list[str], final_dirs: list[str]
+    choices: dict[str, str], grid: dict[str, list[dict]], finals: dict[str, list[dict]]
 ) -> dict[str, dict[str, object]]:
     """choice -> the chosen candidate's seeds plus the final runs' seeds:
     ``accuracy`` and ``on_validation`` (seed -> %) and ``rounds`` (the rounds
     chosen on validation, in seed order)."""
     out: dict[str, dict[str, object]] = {}
-    records = [(Path(d).name, r) for d in grid_dirs + final_dirs
-               for r in read_metrics(Path(d) / "metrics.json")["records"]]  # fmt: skip
-    finals = {Path(d).name for d in final_dirs}
+    records = [(name, r) for runs in (grid, finals) for name, recs in runs.items() for r in recs]
     for name, r in records:
         key = choice_key(r)
         if key not in choices or (name != choices[key] and name not in finals):
@@ -110,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--final", nargs="*", default=[], help="runs of more seeds at the chosen settings")
     ap.add_argument("--per-seed", help="write the per-seed values and the choices (JSON)")
     args = ap.parse_args(argv)
-    table = collect(args.run_dirs)
+    grid = read_runs(args.run_dirs)
+    table = collect(grid)
     print("| method | candidate (run) | validation (%) | test (%) | chosen |")
     print("|---|---|---:|---:|---|")
     dump = {}
@@ -123,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
             n: {k: {str(s): v for s, v in sorted(a[k].items())} for k in a} for n, a in cands.items()
         }}  # fmt: skip
     if args.final:
-        finals = final_seeds({k: v["chosen"] for k, v in dump.items()}, args.run_dirs, args.final)
+        chosen = {k: v["chosen"] for k, v in dump.items()}
+        finals = final_seeds(chosen, grid, read_runs(args.final))
         print("\n| method | chosen | seeds | test, last round (%) | test, round chosen on validation (%) | rounds chosen |")
         print("|---|---|---:|---:|---:|---|")
         for key, f in finals.items():
