@@ -50,12 +50,29 @@ class Setup:
     def num_classes(self) -> int:
         return self.data.num_classes
 
+    @property
+    def channels(self) -> int:
+        return int(self.data.train.images.shape[1])
+
+    def model_kwargs(self, name: str, act: str) -> dict[str, Any]:
+        """The models' keyword arguments for this data: the activation, LeNet's
+        image size, and the input channels where they are not 3 (digits: 1)."""
+        kw: dict[str, Any] = {"act": act}
+        if name.startswith("lenet"):
+            kw["img_size"] = self.image_size
+        if self.channels != 3:
+            kw["in_chans"] = self.channels
+        return kw
+
     @classmethod
     def from_config(cls, cfg: Any) -> Setup:
+        """The data of ``cfg.data``: ``spec`` and the loader's options that are
+        set (``max_per_class``, ``test_max_per_class``, ``image_size``,
+        ``channels``: e.g. 1 for the dry run's digits, ``cache_dir``)."""
         d = cfg.data
         opts = {
             k: d[k]
-            for k in ("max_per_class", "test_max_per_class", "image_size", "cache_dir")
+            for k in ("max_per_class", "test_max_per_class", "image_size", "channels", "cache_dir")
             if d.get(k) is not None
         }
         data = load_data(d.spec, **opts)
@@ -87,10 +104,7 @@ def build_model(setup: Setup, name: str, act: str, seed: int) -> torch.nn.Module
 
 
 def _model_kwargs(setup: Setup, name: str, act: str) -> dict[str, Any]:
-    kw: dict[str, Any] = {"act": act}
-    if name.startswith("lenet"):
-        kw["img_size"] = setup.image_size
-    return kw
+    return setup.model_kwargs(name, act)
 
 
 def make_clients(train: ImageSet, num_clients: int, alpha: float, seed: int) -> list[ImageSet]:

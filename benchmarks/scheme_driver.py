@@ -5,9 +5,11 @@ Drives a registered :class:`~osfl.fl.method.Method` (``fedavg``, ``fedprox``,
 runtime does (broadcast -> client_update -> aggregate), and for the attacked
 clients of the attacked round builds the Observation an honest-but-curious
 server holds: the broadcast, the upload, the public hyper-parameters, the
-scheme's history for that client (``method.audit_history``, the tensors RLU's
-h term reads) and, as ground truth, the labels of every local step
-(``record_step_labels``, the runtime's own mechanism).
+scheme's history for that client (the tensors RLU's h term reads, from the
+method's :class:`~osfl.fl.method.AuditHistory` capability, as the runtime's
+observers read it; none for FedAvg, which keeps no client state) and, as
+ground truth, the labels of every local step (``record_step_labels``, the
+runtime's own mechanism).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import torch
 from omegaconf import OmegaConf
 
 from osfl.fl.context import ClientContext, ClientState, ModelSpec, RunContext
-from osfl.fl.method import METHODS
+from osfl.fl.method import METHODS, AuditHistory, capability
 from osfl.fl.observation import Observation, observe
 from osfl.fl.seeds import derive_seed
 from osfl.fl.train_config import TrainConfig
@@ -30,9 +32,7 @@ from osfl.privacy.simulate import model_hparams
 def make_run(
     setup: Any, model_name: str, act: str, train: TrainConfig, num_clients: int, seed: int
 ) -> RunContext:
-    kw: dict[str, Any] = {"act": act}
-    if model_name.startswith("lenet"):
-        kw["img_size"] = setup.image_size
+    kw = setup.model_kwargs(model_name, act)  # rlu_common.Setup: act, img_size, in_chans
     return RunContext(
         num_classes=setup.num_classes,
         image_shape=tuple(setup.data.train.image_shape),
@@ -68,6 +68,7 @@ def drive(
     cls = METHODS.get(method_name)
     cfg = cls.Config(**{"rounds": rounds, **method_options})
     method = cls(cfg, run)
+    auditable = capability(method, AuditHistory)  # None: no scheme history (FedAvg)
     state = method.init_state()
     if init_state is not None:
         model_state = state.model if hasattr(state, "model") else state
@@ -103,7 +104,7 @@ def drive(
                     upload_meta=up.meta,
                     hparams=hparams,
                     truth={"labels": torch.cat(steps), "num_classes": run.num_classes},
-                    history=method.audit_history(state, c, up.meta),
+                    history={} if auditable is None else auditable.audit_history(state, c, up.meta),
                 )
                 watch(r, c, obs)
         state = method.aggregate(state, uploads, r)

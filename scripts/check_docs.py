@@ -18,15 +18,27 @@ comparing: wall times, the ``time (s)`` column of tables, run-directory
 paths. Every line of the documented block must appear (in order) in the fresh
 output, so a doc may show an excerpt of a longer table; a warning line in the
 fresh output that the block does not show is a difference too (a documented
-run must not start warning unnoticed). Accuracies on CPU
-depend on the kernel path torch dispatches to
-(``torch.backends.cpu.get_cpu_capability()``); ``--update`` records it next to
-the marker, and a check on another kernel path says so instead of calling
-a mismatch a bug.
+run must not start warning unnoticed).
+
+Accuracies on a CPU depend on the kernel paths torch dispatches to (ATen's
+capability, oneDNN's ISA, MKL's branch, the CPU's flags and caches: the CPU
+fingerprint of ``osfl.fl.fingerprint``); ``--update`` records the machine's
+fingerprint in the marker (``| recorded on ..., fingerprint ID``). Where this
+machine's fingerprint is the recorded one, every documented line must be
+found exactly (a number that no longer re-runs there is a failure). On any
+other machine the check is the block's stated tolerance (``| elsewhere ±T``):
+every line must keep its shape, integers and sizes (``482.5 KiB``) must be
+equal, and each decimal number (an accuracy, a mean ± std) may move by at
+most T; every number that moved is printed. The tolerances are the measured
+spread of those numbers over the kernel paths one machine reaches
+(REPRODUCTION.md, "How to read the numbers").
 
     python scripts/check_docs.py                 # check every marked block
     python scripts/check_docs.py --update        # run them and rewrite the blocks
-    python scripts/check_docs.py README.md -k default   # one file, blocks whose command has "default"
+    python scripts/check_docs.py README.md -k sweep     # one file, blocks whose command has "sweep"
+
+A ``-k`` that matches no block's command exits 2 (a mistyped keyword must
+not pass as "nothing differs").
 """
 
 from __future__ import annotations
@@ -41,7 +53,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-MARKER = re.compile(r"^<!-- doccheck: (?P<cmd>.*?)(?: => (?P<file>\S+))?(?: \| (?P<info>.*?))? -->$")
+MARKER = re.compile(
+    r"^<!-- doccheck: (?P<cmd>.*?)(?: => (?P<file>\S+))?(?: \| (?P<info>.*?))?"
+    r"(?: \| elsewhere ±(?P<tol>[0-9.]+))? -->$"
+)
+FINGERPRINT = re.compile(r"fingerprint ([0-9a-f]{12})\b")
 FENCE = re.compile(r"^```")
 
 
@@ -55,12 +71,22 @@ class Block:
     file: str | None
     info: str | None
     code: str | None = None  # the python block a "python" marker runs
+    tolerance: float | None = None  # how far a decimal may move on another machine
 
 
 def machine() -> str:
-    import torch
+    """This machine's CPU fingerprint as the marker records it (the kernel
+    variables in this process's environment are the commands' too)."""
+    from osfl.fl.fingerprint import cpu_fingerprint, fingerprint_text
 
-    return f"torch {torch.__version__}, cpu {torch.backends.cpu.get_cpu_capability()}"
+    return fingerprint_text(cpu_fingerprint())
+
+
+def recorded_fingerprint(info: str | None) -> str | None:
+    """The fingerprint id a marker's ``recorded on`` names (``None``: an old
+    marker that recorded only torch and its capability)."""
+    m = FINGERPRINT.search(info or "")
+    return m[1] if m else None
 
 
 def _fence_after(lines: list[str], i: int) -> tuple[int, int]:
@@ -87,7 +113,8 @@ def blocks(path: Path) -> list[Block]:
         if m["cmd"] == "python":
             code = "\n".join(lines[start:end])
             start, end = _fence_after(lines, end + 1)
-        out.append(Block(path, i, start, end, m["cmd"], m["file"], m["info"], code))
+        tol = float(m["tol"]) if m["tol"] else None
+        out.append(Block(path, i, start, end, m["cmd"], m["file"], m["info"], code, tol))
     return out
 
 
@@ -112,7 +139,7 @@ def run(block: Block) -> str:
         return text.replace(tmp, "{tmp}")
 
 
-_WALL = re.compile(r"\(\d+(?:\.\d+)? s\)")
+_WALL = re.compile(r"\(\d+(?:\.\d+)? s\)|(?<=wall time )\d+(?:\.\d+)? s")
 _RUN_DIR = re.compile(r"run directory: \S+")
 _RULE = re.compile(r"[━─┡┩╇└┘┴┌┐┬├┤┼]")
 
@@ -128,7 +155,8 @@ def mask(text: str) -> list[str]:
     """Lines with the machine-dependent parts replaced by ``~``."""
     out, time_col = [], None
     for line in text.splitlines():
-        line = _RUN_DIR.sub("run directory: ~", _WALL.sub("(~ s)", line)).rstrip()
+        line = _WALL.sub(lambda m: "(~ s)" if m[0].startswith("(") else "~ s", line)
+        line = _RUN_DIR.sub("run directory: ~", line).rstrip()
         cells = _cells(line)
         if cells is not None:
             names = [c.strip() for c in cells]
@@ -179,11 +207,79 @@ def unexpected_warnings(documented: str, fresh: str) -> list[str]:
     return [line for line in mask(fresh) if _WARNING.match(line) and line not in shown]
 
 
+#: A number in a line; a decimal one not followed by a size unit may move
+#: within the tolerance on another machine, every other must stay equal.
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])")
+_UNIT = re.compile(r"\s*(?:[KMGT]i?B|B|bytes)\b")
+
+
+def _shape(line: str) -> tuple[str, list[tuple[str, bool]]]:
+    """The line with its numbers replaced by ``#``, and each number with
+    whether it may move (a decimal that is not a size)."""
+    numbers = [
+        (m[0], "." in m[0] and not _UNIT.match(line, m.end())) for m in _NUMBER.finditer(line)
+    ]
+    return _NUMBER.sub("#", line), numbers
+
+
+def _compare_within(documented: str, fresh: str, tol: float) -> list[str] | None:
+    """The moves of ``fresh`` against ``documented`` if it is the same line
+    up to decimals that moved by at most ``tol`` (``None``: another line). A
+    masked ``~`` cell of a fresh table row matches any documented cell."""
+    a, b = _cells(documented), _cells(fresh)
+    if a is not None and b is not None and len(a) == len(b):
+        pairs = [(x, y) for x, y in zip(a, b, strict=True) if y.strip() != "~"]
+    else:
+        pairs = [(documented, fresh)]
+    moves = []
+    for x, y in pairs:
+        (shape_x, nums_x), (shape_y, nums_y) = _shape(x), _shape(y)
+        if shape_x != shape_y:
+            return None
+        for (u, free), (v, _) in zip(nums_x, nums_y, strict=True):
+            if u == v:
+                continue
+            if not free or abs(float(u) - float(v)) > tol:
+                return None
+            moves.append(f"{u} -> {v}")
+    return moves
+
+
+def differences_within(documented: str, fresh: str, tol: float) -> tuple[list[str], list[str]]:
+    """(documented lines not found in order within ``tol``, the numbers that
+    moved): the check on a machine whose fingerprint is not the recorded one."""
+    want, have = mask(documented), mask(fresh)
+    i, missing, moved = 0, [], []
+    for line in want:
+        if not line:
+            continue
+        for k in range(i, len(have)):
+            moves = _compare_within(line, have[k], tol)
+            if moves is not None:
+                moved += [
+                    f"{line[:40]}...: {m}" if len(line) > 40 else f"{line}: {m}" for m in moves
+                ]
+                i = k + 1
+                break
+        else:
+            missing.append(line)
+    return missing, moved
+
+
+def largest_move(moved: list[str]) -> float:
+    """The largest absolute move in :func:`differences_within`'s list."""
+    sizes = [
+        abs(float(b) - float(a)) for a, b in (m.rsplit(": ", 1)[1].split(" -> ") for m in moved)
+    ]
+    return max(sizes, default=0.0)
+
+
 def update(block: Block, fresh: str) -> None:
     lines = block.path.read_text().splitlines()
     marker = f"<!-- doccheck: {block.command}"
     marker += f" => {block.file}" if block.file else ""
-    marker += f" | recorded on {machine()} -->"
+    marker += f" | recorded on {machine()}"
+    marker += f" | elsewhere ±{block.tolerance:g} -->" if block.tolerance is not None else " -->"
     lines[block.marker_line] = marker
     lines[block.start : block.end] = fresh.rstrip("\n").splitlines()
     block.path.write_text("\n".join(lines) + "\n")
@@ -194,18 +290,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("files", nargs="*", help="Markdown files (default: README.md, docs/**/*.md)")
     p.add_argument("-k", dest="keyword", help="only blocks whose command contains this")
     p.add_argument("--update", action="store_true", help="rewrite the blocks with fresh output")
+    p.add_argument("--tolerance", type=float, default=None,
+                   help="on another machine, this tolerance instead of each block's "
+                   "(e.g. 1000 to print every number that moved)")  # fmt: skip
     args = p.parse_args(argv)
     # relative paths are the caller's (python scripts/check_docs.py README.md from the root)
     files = [Path(f).resolve() for f in args.files] or [
         ROOT / "README.md",
         *sorted(ROOT.glob("docs/**/*.md")),
     ]
-    here, failures = machine(), 0
+    here, failures, matched = machine(), 0, 0
     for path in files:
         # blocks of one file from the last to the first: an update keeps earlier line numbers
         for block in reversed(blocks(path)):
             if args.keyword and args.keyword not in block.command:
                 continue
+            matched += 1
             where = f"{path.relative_to(ROOT)}:{block.marker_line + 1}"
             print(f"{where}: {block.command}", flush=True)
             fresh = run(block)
@@ -214,25 +314,52 @@ def main(argv: list[str] | None = None) -> int:
                 print("  updated")
                 continue
             documented = "\n".join(path.read_text().splitlines()[block.start : block.end])
-            missing = missing_lines(documented, fresh)
-            extra = unexpected_warnings(documented, fresh)
-            if not missing and not extra:
-                print("  ok")
-                continue
-            recorded = (block.info or "").removeprefix("recorded on ")
-            if recorded and recorded != here:
-                print(f"  differs, but the docs were recorded on {recorded} and this is {here}")
-                continue
-            failures += 1
-            if missing:
-                print("  DIFFERS; documented lines not in the fresh output:")
-                for line in missing:
-                    print(f"    {line}")
-            if extra:
-                print("  DIFFERS; warnings the docs do not show:")
-                for line in extra:
-                    print(f"    {line}")
+            failures += not judge(block, documented, fresh, here, args.tolerance)
+    if args.keyword and not matched:
+        print(
+            f"check_docs: no doccheck block's command contains {args.keyword!r} "
+            f"(in {len(files)} file(s)); nothing was checked",
+            file=sys.stderr,
+        )
+        return 2
     return 1 if failures else 0
+
+
+def _report(title: str, lines: list[str]) -> None:
+    if lines:
+        print(f"  {title}")
+        for line in lines:
+            print(f"    {line}")
+
+
+def judge(block: Block, documented: str, fresh: str, here: str, tolerance: float | None) -> bool:
+    """Whether ``fresh`` shows what the block documents: exactly on the
+    machine the block was recorded on, within its tolerance elsewhere (the
+    module docstring); prints the verdict and every difference."""
+    recorded = recorded_fingerprint(block.info)
+    if recorded is not None and recorded == recorded_fingerprint(here):
+        missing = missing_lines(documented, fresh)
+        extra = unexpected_warnings(documented, fresh)
+        if not missing and not extra:
+            print("  ok (the recorded machine: exact)")
+            return True
+        _report("DIFFERS; documented lines not in the fresh output:", missing)
+        _report("DIFFERS; warnings the docs do not show:", extra)
+        return False
+    tol = tolerance if tolerance is not None else block.tolerance
+    print(f"  {block.info or 'recorded on an unnamed machine'}; this is {here}")
+    if tol is None:
+        print("  DIFFERS: another machine, and the marker states no tolerance (| elsewhere ±T)")
+        return False
+    missing, moved = differences_within(documented, fresh, tol)
+    _report(f"numbers that moved (each within ±{tol:g}; largest {largest_move(moved):g}):", moved)
+    _report("warnings the docs do not show (another machine: reported, not failed):",
+            unexpected_warnings(documented, fresh))  # fmt: skip
+    if missing:
+        _report(f"DIFFERS; documented lines not in the fresh output within ±{tol:g}:", missing)
+        return False
+    print(f"  ok within ±{tol:g} (another machine)")
+    return True
 
 
 if __name__ == "__main__":

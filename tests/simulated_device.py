@@ -38,7 +38,20 @@ What this module does instead:
   says its device; ``torch.Generator(device="simgpu")`` gives a CPU generator
   that says it is on ``simgpu``;
 - ``.numpy()`` (and so ``np.asarray``) of a ``simgpu`` tensor raises, as it
-  does for a CUDA tensor ("can't convert cuda:0 device type tensor to numpy").
+  does for a CUDA tensor ("can't convert cuda:0 device type tensor to numpy");
+- inside :func:`count_syncs`, every op that would make the host wait for a
+  GPU is logged as a :class:`SyncEvent` (issue #40: a training step that
+  never waits on the CPU): reading a value (``.item()``, ``float``/``bool``
+  of a tensor, ``.tolist()``), a blocking copy to the host (``.cpu()``,
+  ``.to("cpu")``) or *from* it (``torch.tensor(data, device=...)``, a CPU
+  tensor's ``.to(device)``: CUDA's blocking copy waits for its stream), an op
+  whose output size depends on values (``nonzero``, boolean indexing,
+  ``masked_select``, ``unique``, ``repeat_interleave`` without
+  ``output_size``), indexing with CPU index tensors (copied to the device),
+  ``torch.equal``, and ``torch.cuda.synchronize`` /
+  ``torch.accelerator.synchronize``. A ``non_blocking=True`` copy is not
+  counted: from or to pinned memory CUDA does not wait (the simulation has no
+  pinned memory, so it cannot check that the host buffer is pinned).
 
 Where the simulation cannot follow a real GPU (say so in a test that relies on
 it): code that branches on ``device.type == "cuda"`` (AMP, ``torch.cuda.*``)
@@ -55,8 +68,10 @@ pool does (``parallel_clients > 1``) is not checked, and a raw op on
 
 from __future__ import annotations
 
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -83,6 +98,99 @@ _INDEXING = frozenset(
         aten._unsafe_index.Tensor,
     }
 )
+
+
+#: ops whose output size depends on the values: CUDA copies a count to the host
+_DATA_DEPENDENT = frozenset(
+    {
+        aten.nonzero.default,
+        aten.masked_select.default,
+        aten._unique.default,
+        aten._unique2.default,
+        aten.unique_dim.default,
+        aten.unique_consecutive.default,
+        aten.equal.default,
+        aten.is_nonzero.default,
+        aten._local_scalar_dense.default,
+    }
+)
+
+
+@dataclass(frozen=True)
+class SyncEvent:
+    """One point where the host would wait for the GPU: ``kind`` (``read``, a
+    value to the host; ``d2h`` / ``h2d``, a blocking copy; ``shape``, an op
+    whose output size depends on values; ``sync``, an explicit
+    synchronize), the op, and the innermost ``src/osfl`` frame that asked."""
+
+    kind: str
+    op: str
+    where: str
+
+
+@dataclass
+class SyncLog:
+    """What :func:`count_syncs` saw, in order."""
+
+    events: list[SyncEvent] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def since(self, start: int) -> list[SyncEvent]:
+        """The events after the first ``start`` (a step's, given its start count)."""
+        return self.events[start:]
+
+
+#: the log :func:`count_syncs` fills (thread-local in effect: the modes are)
+_SYNC_LOG: SyncLog | None = None
+
+
+def _caller() -> str:
+    """The innermost frame in osfl's sources (else the innermost outside torch)."""
+    frames = traceback.extract_stack()[:-2]
+    for f in reversed(frames):
+        if "/osfl/" in f.filename.replace("\\", "/") and "/tests/" not in f.filename:
+            return f"{f.filename.rsplit('/src/', 1)[-1]}:{f.lineno} ({f.name})"
+    for f in reversed(frames):
+        if "/torch/" not in f.filename and "simulated_device" not in f.filename:
+            return f"{f.filename}:{f.lineno} ({f.name})"
+    return "?"
+
+
+def _log_sync(kind: str, op: object) -> None:
+    if _SYNC_LOG is not None:
+        _SYNC_LOG.events.append(SyncEvent(kind, str(op), _caller()))
+
+
+def _sync_kind(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """Whether ``func`` on these arguments makes CUDA's host wait, and how."""
+    if func in _DATA_DEPENDENT:
+        on = any(isinstance(t, OnDevice) for t in tree_flatten((args, kwargs))[0])
+        if not on:
+            return None
+        return "read" if func is aten._local_scalar_dense.default else "shape"
+    if func is aten.repeat_interleave.Tensor and kwargs.get("output_size") is None:
+        return "shape" if isinstance(args[0], OnDevice) else None
+    if func in _INDEXING:
+        if not isinstance(args[0], OnDevice):
+            return None
+        indices = [i for i in (args[1] if len(args) > 1 else ()) or () if i is not None]
+        if any(i.dtype in (torch.bool, torch.uint8) for i in indices):
+            return "shape"  # a mask is turned into indices: nonzero()
+        if any(_device_of(i).type == "cpu" and i.dim() > 0 for i in indices):
+            return "h2d"  # CUDA takes CPU indices, by a blocking copy
+        return None
+    if func in _COPIES:
+        if kwargs.get("non_blocking") or (func is aten.copy_.default and len(args) > 2 and args[2]):
+            return None
+        src = args[1] if func is aten.copy_.default else args[0]
+        dst = _target(func, args, kwargs)
+        src_dev = _device_of(src)
+        if dst is None or src_dev.type == dst.type:
+            return None
+        return "d2h" if src_dev.type == DEVICE_TYPE else "h2d"
+    return None
 
 
 class PlacementError(RuntimeError):
@@ -135,6 +243,7 @@ class OnDevice(torch.Tensor):
         return NotImplemented
 
     def tolist(self) -> Any:  # a CUDA tensor's tolist copies to the host; so does this
+        _log_sync("read", "Tensor.tolist")
         return self.elem.tolist()
 
     def numpy(self, *, force: bool = False) -> Any:
@@ -206,6 +315,10 @@ class _PlacementMode(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if _SYNC_LOG is not None:
+            kind = _sync_kind(func, args, kwargs)
+            if kind is not None:
+                _log_sync(kind, func)
         if func not in _COPIES:
             devices = _checked_devices(func, args, kwargs)
             if len(devices) > 1:
@@ -308,3 +421,28 @@ def simulated_device() -> Iterator[torch.device]:
         torch.Generator = saved  # type: ignore[misc]
         torch._C._set_only_lift_cpu_tensors(lift)
         torch.__future__.set_swap_module_params_on_conversion(swap)
+
+
+@contextmanager
+def count_syncs() -> Iterator[SyncLog]:
+    """Log, inside a :func:`simulated_device` block, every point where the
+    host would wait for the GPU (module docstring): yields the :class:`SyncLog`.
+
+    ``torch.cuda.synchronize`` and ``torch.accelerator.synchronize`` are
+    replaced by a logged no-op meanwhile (the CPU build has no CUDA to wait for).
+    """
+    global _SYNC_LOG
+    saved_log = _SYNC_LOG
+    log = SyncLog()
+    patched: list[tuple[Any, str, Any]] = []
+    for mod in (torch.cuda, getattr(torch, "accelerator", None)):
+        if mod is not None and hasattr(mod, "synchronize"):
+            patched.append((mod, "synchronize", mod.synchronize))
+            mod.synchronize = lambda *a, **k: _log_sync("sync", "synchronize")
+    _SYNC_LOG = log
+    try:
+        yield log
+    finally:
+        _SYNC_LOG = saved_log
+        for mod, name, fn in patched:
+            setattr(mod, name, fn)

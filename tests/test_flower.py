@@ -30,6 +30,7 @@ from osfl.fl.upload import NUM_SAMPLES, Broadcast, TensorSpec, Upload, UploadSpe
 from osfl.flower import records as rec
 from osfl.flower.client import make_client_app, partition_id
 from osfl.flower.grid import (
+    DiscoveryError,
     FlowerGridRuntime,
     GridTransport,
     discover_clients,
@@ -296,6 +297,27 @@ def test_two_nodes_claiming_one_partition_id_are_refused() -> None:
     assert first.node_config["partition-id"] == 0
 
 
+def test_a_node_that_refuses_the_job_is_named_without_the_start_a_supernode_hint() -> None:
+    """Nodes that refuse the job (here: every node's data holds a foreign
+    class) are the whole story: their reason once, and no "start one
+    flower-supernode per client" hint, which is only for nodes that never
+    answered."""
+    job = toy_job()
+
+    def foreign_class(spec: JobSpec) -> Job:
+        raise ConfigError("data 'imagefolder:/srv/x': class(es) 'cat' are foreign")
+
+    grid = _grid(job, builder=foreign_class)
+    with loopback_identity(), pytest.raises(DiscoveryError) as info:
+        discover_clients(grid, job, job_digest(job), timeout=5)
+    line = str(info.value)
+    assert line.startswith("client(s) [0, 1, 2] of 3 have no usable node: nodes ")
+    assert line.count("'cat' are foreign") == 1 and "flower-supernode" not in line
+    unreachable = DiscoveryError([2], 3, [], ["node 9: unreachable"])
+    assert str(unreachable).startswith("no usable SuperNode for client(s) [2] of 3 (node 9: ")
+    assert "start one flower-supernode per client" in str(unreachable)
+
+
 # --------------------------------------------------------------------------- wire refusals
 class _Counting(ProgressTask):
     def __init__(self) -> None:
@@ -386,7 +408,9 @@ def test_server_counts_a_missing_reply_as_a_timeout() -> None:
         nodes = discover_clients(grid, job, digest, timeout=5)
         task = _Counting()
         turns = GridTransport(grid, nodes, digest, 7, 10).exchange(0, [0, 1], payload, task)
-    assert all(t.upload is None and "no reply within 7 s" in (t.failure or "") for t in turns.values())
+    assert all(
+        t.upload is None and "no reply within 7 s" in (t.failure or "") for t in turns.values()
+    )
     assert task.n == 2
 
 
@@ -544,9 +568,7 @@ def test_real_superlink_and_supernodes_match_simulation(tmp_path: Path) -> None:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        cfg = load_config(
-            None, [*overrides[:-1], "cache_dir=null", "methods=[fedavg,ensemble]"]
-        )
+        cfg = load_config(None, [*overrides[:-1], "cache_dir=null", "methods=[fedavg,ensemble]"])
         sim = {r["method"]: r for r in run_experiment(cfg)}
     finally:
         torch.set_num_threads(threads)
@@ -594,3 +616,59 @@ def test_flower_simulation_engine_matches_simulation(tmp_path: Path) -> None:
         torch.set_num_threads(threads)
     assert engine["global_test_accuracy"] == sim["global_test_accuracy"]
     assert engine["bytes_up"] == sim["bytes_up"]
+
+
+@pytest.mark.slow
+def test_the_documented_engine_command_matches_the_simulation(tmp_path: Path) -> None:
+    """The command of the README / docs/flower.md (fewer rounds) through the
+    CLI: 10 ClientApp actors, each building its job once; the in-process
+    runtime at one torch thread per client gives the same numbers."""
+    pytest.importorskip("ray")
+    from osfl.cli import main
+
+    args = [
+        "methods=[fedavg]",
+        "method.fedavg.rounds=3",
+        "partition.num_clients=10",
+        "train.epochs=2",
+        f"cache_dir={tmp_path / 'cache'}",
+        "--no-progress",
+    ]
+    assert main(["run", *args, "runtime=flower_engine", "--out", str(tmp_path / "eng")]) == 0
+    assert main(["run", *args, "threads_per_client=1", "--out", str(tmp_path / "sim")]) == 0
+    eng, sim = (
+        json.loads((tmp_path / d / "metrics.json").read_text())["records"][0]
+        for d in ("eng", "sim")
+    )
+    assert eng["runtime"] == "flower_engine"
+    for key in ("global_test_accuracy", "per_class_accuracy", "bytes_up", "bytes_down"):
+        assert eng[key] == sim[key], key
+
+
+def test_the_serverapp_stream_does_not_echo_the_run_stopped_line() -> None:
+    """A refused site's reason reaches a Flower user once from the ServerApp
+    (Flower's own one-line log of its exception), not also as the run
+    directory's "run stopped" line; that line stays in run.log."""
+    import logging
+
+    from osfl.flower.app import apps
+
+    logger = logging.getLogger("osfl")
+    kept, level = list(logger.handlers), logger.level
+    for h in kept:
+        logger.removeHandler(h)
+    try:
+        apps._log_to_flower()
+        (handler,) = logger.handlers
+
+        def record(name: str, msg: str) -> logging.LogRecord:
+            return logging.LogRecord(name, logging.ERROR, __file__, 1, msg, (), None)
+
+        assert not handler.filter(record("osfl.rundir", "run stopped: %s: %s (finished ...)"))
+        assert handler.filter(record("osfl.flower.app.apps", "osfl Flower run: fedavg seed 0"))
+    finally:
+        for h in list(logger.handlers):
+            logger.removeHandler(h)
+        for h in kept:
+            logger.addHandler(h)
+        logger.setLevel(level)

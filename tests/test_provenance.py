@@ -9,6 +9,7 @@ import torch
 from osfl import assembly
 from osfl.config import load_config
 from osfl.experiment import run_experiment
+from osfl.fl.fingerprint import cpu_fingerprint, fingerprint_id
 from osfl.fl.provenance import compute_environment
 
 TINY = [
@@ -30,6 +31,8 @@ def test_a_record_states_its_provenance() -> None:
     prov = record["provenance"]
     assert prov["torch"] == torch.__version__
     assert prov["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert prov["cpu_fingerprint"] == fingerprint_id(cpu_fingerprint())  # what predicts equality
+    assert prov["cpu_kernels"]["onednn_isa"] == cpu_fingerprint()["onednn_isa"]
     assert prov["device"] == "cpu" and prov["threads_per_client"] == 1
     assert prov["data"] == {
         "source": "digits",

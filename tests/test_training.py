@@ -375,3 +375,37 @@ def test_registered_model_with_batched_augmentation_is_deterministic() -> None:
     a, b, c = trained(1), trained(1), trained(2)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert any(not torch.equal(a[k], c[k]) for k in a if a[k].is_floating_point())
+
+
+# --- the device path (issue #40) ------------------------------------------------------
+
+
+def test_the_device_path_keeps_the_batch_order_and_is_fixed_by_the_seed():
+    """Off the CPU augmentations come from a device generator seeded from the
+    run's (another stream than the CPU's, so other weights), the first
+    epoch's batches are the CPU's (later ones differ: on the CPU the
+    augmentations advance the loader's generator too), and a seed still fixes
+    the whole run. Run here through emulate_device_path, the device path on
+    the CPU's kernels."""
+    from osfl.data.transforms import RandomHorizontalFlip, emulate_device_path
+    from osfl.fl.training import record_step_labels
+
+    flip = RandomHorizontalFlip(0.5)
+    tf = lambda x, g=None: flip(x.float() / 255, g)  # noqa: E731
+    cfg = TrainConfig(epochs=3, batch_size=6, lr=0.1)
+
+    def labels_and_weights(seed: int):
+        with record_step_labels() as labels:
+            model, stats = run(cfg, seed=seed, transform=tf)
+        return torch.cat(labels), model.head.weight.detach().clone(), stats
+
+    cpu_labels, cpu_w, _ = labels_and_weights(1)
+    with emulate_device_path():
+        dev_labels, dev_w, dev_stats = labels_and_weights(1)
+        again_labels, again_w, again_stats = labels_and_weights(1)
+        _, other_w, _ = labels_and_weights(2)
+    per_epoch = 20  # make_data(): 20 samples, every one in each epoch
+    assert torch.equal(dev_labels[:per_epoch], cpu_labels[:per_epoch])
+    assert not torch.equal(dev_w, cpu_w)  # ... other flips
+    assert torch.equal(again_w, dev_w) and again_stats.mean_loss == dev_stats.mean_loss
+    assert torch.equal(again_labels, dev_labels) and not torch.equal(other_w, dev_w)

@@ -263,3 +263,37 @@ def test_cpu_generator_drives_a_cuda_batch_like_a_cpu_batch():
     on_gpu = tf(x.cuda(), gen(2))
     assert on_gpu.device.type == "cuda"
     assert torch.allclose(on_gpu.cpu(), on_cpu, atol=1e-4)
+
+
+@pytest.mark.parametrize("c", [3, 1])
+def test_color_jitter_device_path_gives_the_cpu_bits(c):
+    """Off the CPU ColorJitter selects with torch.where instead of nonzero()
+    (no wait for the GPU); every op is per sample, so the bits are the same.
+    Checked on the CPU through emulate_device_path, with all four ops enabled."""
+    jitter = T.ColorJitter(0.4, 0.4, 0.4, 0.1 if c == 3 else 0.0)
+    x = batch(b=33, c=c, h=9, w=7)
+    cpu = jitter(x, gen(5))
+    with T.emulate_device_path():
+        assert T.device_path("cpu")
+        dev = jitter(x, gen(5))
+    assert torch.equal(dev, cpu) and not T.device_path("cpu")
+
+
+def test_constants_are_made_once_per_device_and_dtype():
+    """A fresh torch.tensor on a GPU is a blocking copy per batch: Normalize's
+    mean/std and the luma weights are cached, with the same values."""
+    x = batch()
+    assert T._const(T._GRAY, x.dtype, x.device) is T._const(T._GRAY, x.dtype, x.device)
+    g64 = T.grayscale(x.double())
+    assert g64.dtype == torch.float64
+    w = torch.tensor(T._GRAY, dtype=torch.float64).view(1, 3, 1, 1)
+    assert torch.equal(g64, (x.double() * w).sum(1, keepdim=True))
+    norm = T.Normalize([0.1, 0.2, 0.3], [0.5, 0.6, 0.7])
+    assert torch.allclose(norm.inverse(norm(x)), x, atol=1e-6)
+    # first made under inference_mode, the cached constants still serve autograd
+    fresh = T.Normalize([0.11, 0.21, 0.31], [0.5, 0.6, 0.7])
+    with torch.inference_mode():
+        fresh(x)
+    leaf = x.clone().requires_grad_(True)
+    fresh(leaf).sum().backward()
+    assert torch.allclose(leaf.grad[0, :, 0, 0], 1 / torch.tensor([0.5, 0.6, 0.7]))

@@ -49,10 +49,31 @@ def _split_run_args(items: Sequence[str]) -> tuple[str | None, list[str]]:
     return config, overrides
 
 
+def _check_sweep_spacing(sweeps: Sequence[str], items: Sequence[str]) -> None:
+    """``--sweep partition.alpha=0.1, 1.0``: the shell splits at the space, so
+    the sweep ends with a comma and ``1.0`` lands among the items, where it
+    would be taken for a config file ("config file not found: 1.0"). Say
+    what happened instead, with the command that works."""
+    bare = [i for i in items if "=" not in i and not Path(i).is_file()]
+    comma_led = [i for i in bare if i.startswith(",")]
+    for s in sweeps:
+        # a trailing comma alone is harmless (an empty value is dropped)
+        if not bare or not (s.rstrip().endswith(",") or comma_led):
+            continue
+        rest = (comma_led or bare)[-1]
+        fixed = f"{s.rstrip().rstrip(',')},{rest.lstrip(',')}"
+        raise ConfigError(
+            f"--sweep {s!r}: the shell split its values at a space; {rest!r} was taken for "
+            f"a config file; write them without spaces (--sweep {fixed}) or quote the "
+            "whole value"
+        )
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     # heavy: torch and the whole run stack (osfl.runner); `osfl --help` must not pay for it
     from osfl.runner import RunRequest, run
 
+    _check_sweep_spacing(args.sweep or [], args.items)
     config, overrides = _split_run_args(args.items)
     mode, out = "new", args.out
     if args.resume:
@@ -454,17 +475,18 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- suite
 def cmd_suite(args: argparse.Namespace) -> int:
-    """``osfl suite run|list|pack|mfu``: a lent GPU's minutes as REPRODUCTION
-    rows (docs/gpu-suite.md)."""
+    """``osfl suite run|list|pack|mfu|import``: a lent GPU's minutes as
+    REPRODUCTION rows (docs/gpu-suite.md)."""
     if args.suite_command == "mfu":
         # heavy: torch (the benchmark)
         from osfl.suite import mfu
 
         return mfu.main(args.rest)
     if args.suite_command == "pack":
-        # heavy: numpy (osfl.suite.pack)
-        from osfl.suite.pack import download_lent_wheels, pack
+        # heavy: numpy, torch (osfl.suite.pack reads packs through osfl.data)
+        from osfl.suite.pack import check_max_per_class, download_lent_wheels, pack
 
+        check_max_per_class(args.max_per_class)  # before any download; pack() leaves no --out
         source = args.cifar10 or os.environ.get("OSFL_CIFAR10")
         with tempfile.TemporaryDirectory() as tmp:
             wheels = download_lent_wheels(Path(tmp)) if args.wheels else []
@@ -475,24 +497,37 @@ def cmd_suite(args: argparse.Namespace) -> int:
         print(f"total {manifest['total_bytes'] / 2**20:.1f} MiB of "
               f"{manifest['limit_bytes'] / 2**20:.0f} MiB")  # fmt: skip
         return 0
-    from osfl.suite.plan import STEPS, select_steps
+    if args.suite_command == "import":
+        from osfl.suite.importer import import_bundle
+
+        counts = import_bundle(Path(args.bundle), Path(args.repo), allow_dry_run=args.allow_dry_run)
+        for section, n in counts.items():
+            print(f"{section}: {n} row(s) -> reproduction/gpu_suite_{section}.json")
+        return 0
+    from osfl.suite.plan import STEPS, command_text, select_steps
 
     sections = [s for s in (args.sections or "").split(",") if s]
     if args.suite_command == "list":
         for step in select_steps(sections, STEPS):
-            print(f"{step.section:9} {step.name:20} osfl {shlex.join(step.argv)}")
+            print(f"{step.section:9} {step.name:28} {command_text(step.argv)}")
         return 0
     # heavy: numpy (osfl.suite.execute reads packs), torch once a step runs
-    from osfl.suite.execute import SuiteRequest, run_suite
+    from osfl.suite.bundle import read_json
+    from osfl.suite.execute import SuiteRequest, check_budget, run_suite
 
+    check_budget(args.budget)  # nan, inf, <= 0: one line, before anything is written
     pack_dir = Path(args.pack) if args.pack and Path(args.pack).exists() else None
+    names = [s for s in (args.steps or "").split(",") if s]
+    rates = read_json(Path(args.rates), dict) if args.rates else None
     req = SuiteRequest(out=Path(args.out), budget_min=args.budget, sections=sections,
-                       dry_run=args.dry_run, pack_dir=pack_dir,
-                       unpack_dir=Path(args.unpack_to))  # fmt: skip
+                       step_names=names, dry_run=args.dry_run, pack_dir=pack_dir, rates=rates,
+                       bundle=Path(args.bundle) if args.bundle else None,
+                       repo=None if args.dry_run else Path("."))  # fmt: skip
     result = run_suite(req, main)
     done = sum(p.status == "done" for p in result.planned)
     print(f"{done} of {len(result.planned)} steps finished in {result.wall_s:.0f} s "
-          f"(calibration {result.calibration_s:.0f} s); rows: {args.out}/reproduction_gpu.md")  # fmt: skip
+          f"(rates {result.rates_s:.0f} s); rows: {args.out}/reproduction_gpu.md, bundle: "
+          f"{args.bundle or Path(args.out) / 'bundle'}")  # fmt: skip
     return 0
 
 
@@ -501,17 +536,25 @@ def _add_suite_parser(sub: Any) -> None:
         "suite", help="a lent GPU's budget as paper-scale runs and REPRODUCTION rows"
     )
     ssub = suite.add_subparsers(dest="suite_command", required=True)
-    srun = ssub.add_parser("run", help="calibrate, plan within the budget, run, write the rows")
+    srun = ssub.add_parser("run", help="measure, plan within the budget, run, write the rows")
     srun.add_argument("--budget", type=float, required=True, help="device minutes to spend")
     srun.add_argument("--sections", help="comma-separated sections (default all): "
                       "pretrain,frozen,fafi,mfu,eftvit")  # fmt: skip
     srun.add_argument("--out", default="runs/suite", help="the suite's directory")
     srun.add_argument("--pack", default="gpu_pack", help="the packed data folder, if present")
-    srun.add_argument("--unpack-to", default=".osfl_cache/gpu_pack",
-                      help="where the pack's image folder is written back (once)")  # fmt: skip
     srun.add_argument("--dry-run", action="store_true",
                       help="the same path on a CPU at a tiny scale (8-px digits)")  # fmt: skip
+    srun.add_argument("--steps", help="comma-separated step names: only these (and what they "
+                      "need), run even when over the plan's budget or cap")  # fmt: skip
+    srun.add_argument("--rates", help="a rates.json to plan with instead of measuring")
+    srun.add_argument("--bundle", help="where the bundle goes (default OUT/bundle)")
     srun.set_defaults(func=cmd_suite)
+    simp = ssub.add_parser("import", help="a job's bundle into reproduction/ and REPRODUCTION.md")
+    simp.add_argument("bundle", help="the bundle folder a job returned")
+    simp.add_argument("--repo", default=".", help="the repository root (default .)")
+    simp.add_argument("--allow-dry-run", action="store_true",
+                      help="import a dry run's rows too (tests only)")  # fmt: skip
+    simp.set_defaults(func=cmd_suite)
     slist = ssub.add_parser("list", help="the catalogue of steps in order of value")
     slist.add_argument("--sections", help="comma-separated sections (default all)")
     slist.set_defaults(func=cmd_suite)
@@ -519,7 +562,7 @@ def _add_suite_parser(sub: Any) -> None:
     spack.add_argument("--out", default="gpu_pack", help="the pack folder (git-ignored)")
     spack.add_argument("--cifar10", help="the CIFAR-10 image folder (default $OSFL_CIFAR10)")
     spack.add_argument("--weights", action="append", help="a weights file (repeatable)")
-    spack.add_argument("--max-per-class", type=int, help="pack at most this many images per class")
+    spack.add_argument("--max-per-class", type=int, help="pack at most N >= 1 images per class")
     spack.add_argument("--wheels", action="store_true",
                        help="also pack the Python packages the lent machine lacks (pip download)")  # fmt: skip
     spack.set_defaults(func=cmd_suite)

@@ -298,10 +298,26 @@ def _yaml_text(text: str, source: str) -> tuple[DictConfig, str]:
     try:
         node = OmegaConf.create(text)
     except Exception as e:  # yaml.YAMLError and friends
-        raise ConfigError(f"cannot parse {source}: {str(e).splitlines()[0]}") from e
+        raise ConfigError(f"cannot parse {source}{yaml_error_where(e)}") from e
     if not isinstance(node, DictConfig):
         raise ConfigError(f"{source} must hold a mapping of config keys at its top level")
     return node, source
+
+
+def yaml_error_where(e: Exception) -> str:
+    """``", line L, column C: problem (context at line L', column C')"`` of a
+    YAML syntax error, in one line. PyYAML's own text spreads this over four
+    lines and its first line is only the context ("while parsing a flow
+    sequence"), without the position a user needs to find the mistake."""
+    if not isinstance(e, yaml.MarkedYAMLError) or e.problem_mark is None:
+        return f": {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    mark = e.problem_mark
+    where = f", line {mark.line + 1}, column {mark.column + 1}: {e.problem}"
+    if e.context:
+        at = e.context_mark
+        opened = f" at line {at.line + 1}, column {at.column + 1}" if at is not None else ""
+        where += f" ({e.context}{opened})"
+    return where
 
 
 def _read_yaml(path: str | Path | None) -> tuple[DictConfig, str]:
@@ -313,7 +329,7 @@ def _read_yaml(path: str | Path | None) -> tuple[DictConfig, str]:
     try:
         node = OmegaConf.load(p)
     except Exception as e:  # yaml.YAMLError and friends
-        raise ConfigError(f"cannot parse {p}: {str(e).splitlines()[0]}") from e
+        raise ConfigError(f"cannot parse {p}{yaml_error_where(e)}") from e
     if not isinstance(node, DictConfig):
         raise ConfigError(f"{p} must hold a mapping of config keys at its top level")
     return node, str(p)

@@ -27,9 +27,10 @@ from osfl.assembly import SeedContext
 from osfl.config import ExperimentConfig
 from osfl.data.imageset import DataSplits, ImageSet
 from osfl.errors import ConfigError
+from osfl.fl.fingerprint import check_kernel_choice, onednn_isa
 from osfl.fl.method import rounds_of, secure_weighting_of
 from osfl.fl.observers import Checkpointer, Observer
-from osfl.fl.progress import Progress
+from osfl.fl.progress import Progress, ProgressTask
 from osfl.fl.runtime.base import Job, Runtime
 from osfl.fl.secagg_config import secure_refusal
 from osfl.rundir import EventObserver, RunDir
@@ -154,6 +155,10 @@ def plan_experiment(
     (e.g. one that needs a ViT, or one that SecAgg+ cannot serve) fails before any client trains and before a
     run directory is made. ``runtime`` defaults to the config's."""
     methods = assembly.check_names(cfg)
+    check_kernel_choice()
+    # read once here, before client threads run: its oneDNN probe briefly
+    # redirects standard output (osfl.fl.fingerprint.onednn_isa)
+    onednn_isa()
     splits = assembly.load_splits(cfg)
     seeds = []
     for seed in cfg.seeds:
@@ -196,6 +201,7 @@ def execute_plan(
     if rundir is not None and splits is not None:
         rundir.event("data", source=cfg.data.source, train=len(splits.train), test=len(splits.test))
     records = []
+    bar = _jobs_bar(plan, point, skip)
     for ctx, jobs in plan.seeds:
         if rundir is not None and ctx.federation is not None and splits is not None:
             fed = ctx.federation
@@ -207,6 +213,7 @@ def execute_plan(
             if (label, job.method.name, job.seed) in skip:
                 continue
             extra = observers_for(job.method.name, job.seed, ctx) if observers_for else ()
+            bar.advance(0, description=f"{job.method.name}, seed {job.seed}")
             record = run_method(
                 cfg,
                 job,
@@ -222,7 +229,26 @@ def execute_plan(
                 on_record(record)
             if rundir is not None and on_record is not None:  # saved: no resume state needed
                 drop_state(state_dir(rundir, job.method.name, job.seed, label))
+            bar.advance()
+    bar.close()
     return records
+
+
+def _jobs_bar(
+    plan: Plan, point: Mapping[str, str] | None, skip: Collection[tuple[str, str, int]]
+) -> ProgressTask:
+    """The live display's top bar: which method and seed run now, and how
+    many of the plan's jobs are done (the other bars name the method only)."""
+    jobs = [
+        job
+        for _, js in plan.seeds
+        for job in js
+        if (run_context(job.method.name, job.seed, point)["point"], job.method.name, job.seed)
+        not in skip
+    ]
+    if not jobs:
+        return ProgressTask()
+    return jobs[0].run.progress.task("jobs", len(jobs))
 
 
 def drop_state(where: Path) -> None:

@@ -28,6 +28,7 @@ from rich.table import Table
 from osfl import __version__, jsonio
 from osfl.convergence import link_seconds
 from osfl.errors import DataError
+from osfl.fl.fingerprint import cpu_fingerprint, fingerprint_id
 from osfl.fl.regimes import REGIMES
 from osfl.fl.upload import human_bytes
 
@@ -56,13 +57,16 @@ def write_metrics(
 
 
 def machine_info() -> dict[str, Any]:
-    """What a CPU result depends on besides the code and the seed: the torch
-    build, the CPU kernel path torch dispatches to (AVX2 and AVX-512 kernels sum
-    in different orders, so accuracies differ in the last digits), and torch's
-    thread count."""
+    """What a CPU result depends on besides the code and the seed: the CPU
+    kernel fingerprint (:mod:`osfl.fl.fingerprint`: torch's build and
+    capability, oneDNN's ISA, the pinning variables, the CPU's flags and
+    caches) and torch's thread count, plus the GPU, Python and platform."""
+    kernels = cpu_fingerprint()
     return {
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_fingerprint": fingerprint_id(kernels),
+        "cpu_kernels": kernels,
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "python": platform.python_version(),
@@ -548,7 +552,9 @@ def _plot_curve(
     ax.plot(xs, mean, marker="o", markersize=3, color=colour, label=label)
     if len(recs) > 1:
         std = np.nanstd(table, axis=0, ddof=1)
-        ax.fill_between(xs, mean - std, mean + std, color=colour, alpha=0.18, linewidth=0)
+        # an accuracy lies in [0, 100] %: a band past either end shows no seed's value
+        low, high = np.clip(mean - std, 0.0, 100.0), np.clip(mean + std, 0.0, 100.0)
+        ax.fill_between(xs, low, high, color=colour, alpha=0.18, linewidth=0)
     if ax_time is not None:
         # from the first evaluated round on: one-time costs land on whichever method ran first
         elapsed = times - times[:, :1]
@@ -612,29 +618,89 @@ def frontier_figure(records: Sequence[Mapping[str, Any]]) -> Any:
     ax = fig.add_subplot()
     markers = dict(zip(REGIMES, "osD^", strict=True))
     colours = _colours(len(groups))
-    sent_all = []
+    points, floors = [], []
     for (point, method), recs in groups.items():
         sent = float(np.mean([r["bytes_up"] + r.get("bytes_down", 0) for r in recs]))
-        acc = 100 * float(np.mean([r["global_test_accuracy"] for r in recs]))
+        accs = [100 * float(r["global_test_accuracy"]) for r in recs]
         label = f"{method} ({point})" if point else method
         marker = markers.get(str(recs[0].get("regime")), "x")
-        colour = next(colours)
-        ax.scatter([sent], [acc], marker=marker, color=colour, label=label, s=36)
-        ax.annotate(
-            f"{label}\n{human_bytes(sent)}",
-            (sent, acc),
-            xytext=(5, 4),
-            textcoords="offset points",
-            fontsize=7,
-            color=colour,
-        )
-        sent_all.append(sent)
-    _bytes_axis(ax, min(sent_all), max(sent_all))
+        item = (sent, float(np.mean(accs)), _spread(accs), label, marker, next(colours))
+        (floors if method in NO_FEDERATION else points).append(item)
+    if not points:
+        points, floors = floors, []
+    _frontier_points(ax, points)
+    for sent, acc, spread, label, _, colour in floors:
+        _floor_line(ax, sent, acc, spread, label, colour)
+    _bytes_axis(ax, min(p[0] for p in points), max(p[0] for p in points))
     ax.set_ylabel("test accuracy (%)")
-    ax.set_title("Accuracy against communication (mean over seeds)", fontsize=10)
+    ax.set_title("Accuracy against communication (mean ± std over seeds)", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return fig
+
+
+#: Methods whose clients federate nothing (``local``: each keeps its own
+#: model). Their records count the upload a server would receive, so that the
+#: bytes column stays comparable; the frontier draws them as a level line (the
+#: accuracy without federating), not as a point that communicated.
+NO_FEDERATION = ("local",)
+
+
+def _spread(accs: Sequence[float]) -> tuple[float, float]:
+    """How far below and above the mean a ± one sample std error bar reaches
+    (0 for one seed), clipped to [0, 100] %: no seed can pass either end."""
+    if len(accs) < 2:
+        return 0.0, 0.0
+    mean, std = float(np.mean(accs)), float(np.std(accs, ddof=1))
+    return mean - max(mean - std, 0.0), min(mean + std, 100.0) - mean
+
+
+def _frontier_points(ax: Any, points: Sequence[tuple[Any, ...]]) -> None:
+    """One marker per method with its ± std error bar and its label. Points at
+    (nearly) the same bytes, e.g. one-shot FedAvg and Ensemble, which send the
+    same weights, take their labels on alternate sides so that they never
+    print over each other."""
+    hi = max(p[0] for p in points)
+    side, last = 0, None
+    for sent, acc, (below, above), label, marker, colour in sorted(points, key=lambda p: p[:2]):
+        side = side + 1 if last is not None and abs(sent - last) <= 0.01 * hi else 0
+        last = sent
+        ax.scatter([sent], [acc], marker=marker, color=colour, label=label, s=36, zorder=3)
+        if below or above:
+            ax.errorbar([sent], [acc], yerr=[[below], [above]], fmt="none", ecolor=colour,
+                        elinewidth=1, capsize=3)  # fmt: skip
+        left = side % 2 == 1
+        ax.annotate(
+            f"{label}\n{human_bytes(sent)}",
+            (sent, acc),
+            xytext=(-5 if left else 5, 4 - 10 * (side // 2)),  # a third one: lower
+            textcoords="offset points",
+            ha="right" if left else "left",
+            fontsize=7,
+            color=colour,
+        )
+
+
+def _floor_line(
+    ax: Any, sent: float, acc: float, spread: tuple[float, float], label: str, colour: Any
+) -> None:
+    """A method that federates nothing (:data:`NO_FEDERATION`): a dashed level
+    line at its accuracy (a band of ± std over seeds), labelled at the right
+    edge, in the room the bytes axis leaves there for labels."""
+    ax.axhline(acc, color=colour, linestyle="--", linewidth=1, label=f"{label} (no federation)")
+    below, above = spread
+    if below or above:
+        ax.axhspan(acc - below, acc + above, color=colour, alpha=0.12, linewidth=0)
+    ax.annotate(
+        f"{label}\nno federation; upload would be {human_bytes(sent)}",
+        (1.0, acc),
+        xycoords=("axes fraction", "data"),
+        xytext=(-4, 3),
+        textcoords="offset points",
+        ha="right",
+        fontsize=7,
+        color=colour,
+    )
 
 
 def _bytes_axis(ax: Any, lo: float, hi: float) -> None:

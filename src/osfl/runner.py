@@ -80,6 +80,20 @@ def _stored_config(out: Path) -> str:
         raise ConfigError(f"--resume {out}: its config.yaml does not load ({e})") from e
 
 
+#: Config keys that change only what the terminal shows, never a number: a
+#: resume may differ in them (``osfl run --resume DIR --no-progress`` of a run
+#: started with bars).
+DISPLAY_ONLY = ("progress",)
+
+
+def _with_display_of(cfg: ExperimentConfig, stored: str) -> str:
+    """``cfg`` as YAML with the display-only keys of the ``stored`` config, so
+    that comparing the two sees the experiment alone."""
+    kept = yaml.safe_load(stored) or {}
+    same = {k: kept[k] for k in DISPLAY_ONLY if k in kept}
+    return to_yaml(dataclasses.replace(cfg, **same))
+
+
 def config_differences(stored: str, given: str, most: int = 3) -> str:
     """Which keys two resolved configs (YAML) differ in, e.g. ``train.epochs
     (2 here, 1 in the run)``; at most ``most`` of them, then how many more."""
@@ -152,10 +166,11 @@ def run(req: RunRequest, make_board: BoardFactory, announce: Announce = print) -
     done: list[dict[str, Any]] = []
     if req.mode == "resume" and (out / "config.yaml").is_file():
         stored = _stored_config(out)
-        if stored.strip() != config_text.strip():
+        given = _with_display_of(base, stored)
+        if stored.strip() != given.strip():
             raise ConfigError(
                 f"--resume {out}: this config differs from the run's config.yaml in "
-                f"{config_differences(stored, config_text)}; resume with the same config and "
+                f"{config_differences(stored, given)}; resume with the same config and "
                 "overrides (or start a new run)"
             )
         done = _finished(out)

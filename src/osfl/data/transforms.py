@@ -9,6 +9,19 @@ in, and the work is a handful of tensor ops, not a Python loop over samples
 (docs/design.md §7). Random numbers are drawn on the generator's device and moved
 to the batch's, so a CPU generator drives a CUDA batch reproducibly.
 
+**Two paths, one per device (issue #40).** On the CPU every op runs as it
+always has (the same random stream, the same kernels: documented numbers stay
+bit for bit). Off the CPU (:func:`device_path`) nothing in a pipeline makes
+the host wait for the GPU: the caller draws from a generator *on the batch's
+device* (:func:`augmentation_generator`, seeded from the run's CPU generator,
+so a seed still fixes every view), constants (Normalize's mean and std, the
+luma weights) are made once per device and dtype, and :class:`ColorJitter`
+selects its samples with ``torch.where`` instead of ``nonzero()`` (each a
+device-to-host copy of a count). A GPU run therefore draws other
+augmentations than a CPU run of the same seed; :func:`emulate_device_path`
+runs the device path on the CPU, so that tests can compare a simulated GPU
+with the CPU bit for bit.
+
 A pipeline starts with :class:`ToFloat` (uint8 -> float in [0, 1]) and ends
 with :class:`Normalize`; :func:`build_transform` gives the named pipelines
 configs refer to ("none", "crop_flip", "simclr").
@@ -16,9 +29,12 @@ configs refer to ("none", "crop_flip", "simclr").
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
@@ -29,6 +45,73 @@ from osfl.registry import Registry
 
 #: torchvision's grayscale weights (ITU-R 601-2 luma).
 _GRAY = (0.2989, 0.587, 0.114)
+#: the offsets n of R, G, B in the branch-free HSV -> RGB formula
+_HSV_N = (5.0, 3.0, 1.0)
+
+
+#: Set inside :func:`emulate_device_path`: the CPU takes the device path too.
+_EMULATE: ContextVar[bool] = ContextVar("osfl_emulate_device_path", default=False)
+
+
+def device_path(device: torch.device | str) -> bool:
+    """Whether work on ``device`` takes the sync-free device path (module
+    docstring): off the CPU always; on the CPU only inside
+    :func:`emulate_device_path`, so that CPU numbers never change."""
+    return torch.device(device).type != "cpu" or _EMULATE.get()
+
+
+@contextmanager
+def emulate_device_path() -> Iterator[None]:
+    """Run the device path on the CPU inside the block (a separate, seeded
+    augmentation generator, ``torch.where`` selections): what a GPU run
+    computes, on the CPU's kernels. For tests that compare a simulated device
+    with the CPU bit for bit; a real run never needs it."""
+    token = _EMULATE.set(True)
+    try:
+        yield
+    finally:
+        _EMULATE.reset(token)
+
+
+def augmentation_generator(
+    generator: torch.Generator | None, device: torch.device | str
+) -> torch.Generator | None:
+    """The generator a batch on ``device`` should draw its augmentations from.
+
+    On the CPU path: ``generator`` itself (today's stream, interleaved with the
+    loader's permutations: bit-identical numbers). On the device path: a new
+    generator on ``device`` seeded from a hash of ``generator``'s state, which
+    is read, not advanced (so the first epoch's batches are the CPU path's;
+    later epochs differ, as the CPU path's augmentations advanced the shared
+    generator between them); drawing there needs no host-to-device copy per
+    batch, which would wait for the GPU. A generator already off the CPU is
+    used as it is.
+    """
+    device = torch.device(device)
+    if generator is None or not device_path(device) or generator.device.type != "cpu":
+        return generator
+    state = generator.get_state()
+    digest = hashlib.blake2b(bytes(state.numpy()), digest_size=8, person=b"osfl-aug").digest()
+    seed = int.from_bytes(digest, "little") & ((1 << 63) - 1)
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+#: Constant tensors per (values, dtype, device): made (copied to a GPU) once,
+#: not per batch, because a blocking host-to-device copy waits for the GPU.
+_CONSTS: dict[tuple[tuple[float, ...], torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _const(values: tuple[float, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``torch.tensor(values)`` as a 1×C×1×1 tensor, cached per dtype and device
+    (the same values as a fresh one: CPU numbers do not change). Made outside
+    any ``inference_mode``, so that a later step with autograd may save it."""
+    key = (values, dtype, device)
+    t = _CONSTS.get(key)
+    if t is None:
+        with torch.inference_mode(False):
+            t = torch.tensor(values, dtype=dtype, device=device).view(1, -1, 1, 1)
+        _CONSTS[key] = t
+    return t
 
 
 def _rand(
@@ -69,8 +152,7 @@ def _prob(p: float, name: str) -> float:
 
 def grayscale(x: torch.Tensor) -> torch.Tensor:
     """B×3×H×W -> B×1×H×W luma."""
-    w = torch.tensor(_GRAY, dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
-    return (x * w).sum(1, keepdim=True)
+    return (x * _const(_GRAY, x.dtype, x.device)).sum(1, keepdim=True)
 
 
 class Transform:
@@ -310,9 +392,9 @@ class Normalize(Transform):
             raise DataError(
                 f"Normalize has {len(self.mean)} channel stats but the batch has {x.shape[1]} channels"
             )
-        m = torch.tensor(self.mean, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-        s = torch.tensor(self.std, dtype=x.dtype, device=x.device).view(1, -1, 1, 1)
-        return m, s
+        # cached per device and dtype: a fresh torch.tensor on a GPU is a
+        # blocking copy per batch
+        return _const(self.mean, x.dtype, x.device), _const(self.std, x.dtype, x.device)
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
         m, s = self._stats(x)
@@ -347,7 +429,7 @@ def hsv_to_rgb(x: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`rgb_to_hsv`, branch-free: c_n = V - V·S·clamp(min(k, 4-k), 0, 1),
     k = (n + 6H) mod 6 with n = 5, 3, 1 for R, G, B."""
     h, s, v = x.unbind(1)
-    n = torch.tensor((5.0, 3.0, 1.0), dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+    n = _const(_HSV_N, x.dtype, x.device)
     k = torch.remainder(n + 6.0 * h.unsqueeze(1), 6.0)
     w = torch.minimum(k, 4.0 - k).clamp(0.0, 1.0)
     return v.unsqueeze(1) - (v * s).unsqueeze(1) * w
@@ -393,7 +475,7 @@ def adjust_hue(x: torch.Tensor, f: torch.Tensor) -> torch.Tensor:
     h6 = torch.where(
         is_r, (g - b) / crd, torch.where(is_g, 2.0 + (b - r) / crd, 4.0 + (r - g) / crd)
     )
-    n = torch.tensor((5.0, 3.0, 1.0), dtype=x.dtype, device=x.device).view(1, 3, 1, 1)
+    n = _const(_HSV_N, x.dtype, x.device)
     k = torch.remainder(n + (h6 + 6.0 * f.view(-1, 1, 1)).unsqueeze(1), 6.0)
     w = torch.minimum(k, 4.0 - k).clamp_(0.0, 1.0)
     return maxc.unsqueeze(1) - cr.unsqueeze(1) * w
@@ -406,6 +488,13 @@ class ColorJitter(Transform):
     U[-v, v] (v <= 0.5). Each sample applies the enabled ops in its own random
     order (torchvision draws ``randperm(4)`` per image); batched by running
     each op, at each of the four positions, on the samples that have it there.
+
+    On the CPU those samples are gathered with ``nonzero()`` (each op runs on
+    its share only); on the device path (:func:`device_path`) each op runs on
+    the whole batch and ``torch.where`` keeps it for its samples: four times
+    the jitter arithmetic, but no ``nonzero()``, whose count must be copied to
+    the host (16 waits for the GPU per call). Every op is per sample, so both
+    give the same bits (``tests/test_transforms.py``).
     """
 
     _OPS: tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], ...] = (
@@ -448,6 +537,12 @@ class ColorJitter(Transform):
         if not enabled:
             return x
         order = torch.argsort(u[:, 4:], dim=1)  # per-sample permutation of the 4 ops
+        if device_path(x.device):
+            for pos in range(4):
+                for op in enabled:
+                    here = (order[:, pos] == op).view(-1, 1, 1, 1)
+                    x = torch.where(here, self._OPS[op](x, factors[op]), x)
+            return x
         x = x.clone()
         for pos in range(4):
             for op in enabled:

@@ -13,7 +13,8 @@ float tolerance (the batched kernels sum in another order):
 
 - each client keeps its own seeded loader and augmentation generator, drawn
   in the same order as its sequential run, so batches and augmentations are
-  the same;
+  the same (off the CPU, the device generator its sequential run derives:
+  :func:`~osfl.data.transforms.augmentation_generator`);
 - clients whose next batch is shorter (the end of an epoch, ``drop_last``
   off) run in their own vmap group of that size, so BatchNorm statistics only
   ever see a client's real samples: no padding, no masks;
@@ -42,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
+from osfl.data.transforms import augmentation_generator
 from osfl.errors import ConfigError
 from osfl.fl.optim import build_optimizer, build_schedule, is_constant_schedule
 from osfl.fl.train_config import TrainConfig
@@ -119,15 +121,18 @@ class _ClientTally:
         self.labels.append(y)
 
     def stats(self, epochs: float, seconds: float) -> TrainStats:
-        first_loss = float(self.first) / self.per_epoch
-        final_loss = float(self.final) / self.per_epoch
-        accuracy = float(self.correct) / self.seen if self.seen else None
+        # one read of the device sums, as train_local does (float64 holds each exactly)
+        sums = [self.first, self.final, self.correct, self.loss_sum, self.last]
+        first, final, correct, loss_sum, last = torch.stack([t.double() for t in sums]).tolist()
+        first_loss = first / self.per_epoch
+        final_loss = final / self.per_epoch
+        accuracy = correct / self.seen if self.seen else None
         return TrainStats(
             steps=self.total,
             samples=self.samples,
             epochs=epochs,
-            mean_loss=float(self.loss_sum) / max(self.total, 1),
-            last_loss=float(self.last),
+            mean_loss=loss_sum / max(self.total, 1),
+            last_loss=last,
             seconds=seconds,
             first_loss=first_loss,
             final_loss=final_loss,
@@ -195,7 +200,8 @@ class _Stack:
         A group short of the whole federation runs on a selected copy of the
         stack, so its BatchNorm statistics are written back into the stack."""
         whole = len(members) == self.n
-        index = None if whole else torch.tensor(members, device=self.device)
+        # non-blocking: a blocking host-to-device copy would wait for the GPU
+        index = None if whole else torch.tensor(members).to(self.device, non_blocking=True)
         p = self.params if whole else {k: v.index_select(0, index) for k, v in self.params.items()}
         b = (
             self.buffers
@@ -239,11 +245,12 @@ def train_batched(
     optimizer = build_optimizer(stack.trainable, cfg)
     schedule = None if is_constant_schedule(cfg) else build_schedule(optimizer, cfg, totals[0])
     streams, tallies = _client_streams(datas, generators, cfg, device, totals)
+    augment = [augmentation_generator(g, device) for g in generators]
     results: dict[int, BatchedResult] = {}
     start = time.perf_counter()
     for step in range(max(totals)):
         active = [i for i in range(n) if step < totals[i]]
-        batches = _draw(active, streams, generators, transform)
+        batches = _draw(active, streams, augment, transform)
         loss = _step_loss(stack, batches, tallies, step)
         _update(optimizer, schedule, loss, stack.trainable, cfg.grad_clip)
         for i in active:
@@ -291,7 +298,7 @@ def _client_streams(
 def _draw(
     active: list[int],
     streams: Sequence[Iterator[tuple[torch.Tensor, torch.Tensor]]],
-    generators: Sequence[torch.Generator],
+    generators: Sequence[torch.Generator | None],
     transform: Transform | None,
 ) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """Each active client's next (augmented input, label) batch, drawn client

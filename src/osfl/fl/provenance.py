@@ -1,7 +1,8 @@
 """What a number was computed with, besides the code, the config and the seed.
 
-On a CPU, torch's reductions sum in an order set by the kernel path it
-dispatches to (AVX2 and AVX-512 kernels differ) and by the thread count (a
+On a CPU, torch's reductions sum in an order set by the kernel paths it
+dispatches to (ATen's capability, oneDNN's ISA, MKL's branch: the CPU
+fingerprint of :mod:`osfl.fl.fingerprint`) and by the thread count (a
 reduction is split per thread), so one command gives results that differ in
 the last bits, and after training in the last digits of an accuracy, across
 these; on a GPU the device, its driver and the torch build do the same. Every
@@ -16,18 +17,25 @@ from typing import Any
 
 import torch
 
+from osfl.fl.fingerprint import cpu_fingerprint, fingerprint_id
+
 __all__ = ["compute_dtype", "compute_environment"]
 
 
 def compute_environment(device: torch.device | str = "cpu") -> dict[str, Any]:
-    """The torch build, the CPU kernel path, the torch threads in force now,
-    and the device (on a GPU: its name and compute capability, the CUDA
-    runtime and cuDNN torch was built with, torch's git commit, and the
-    driver's version where NVML reports it)."""
+    """The torch build, the CPU kernel path (ATen's capability, and the whole
+    CPU fingerprint with its short id: ``cpu_fingerprint`` names the runs
+    that give identical numbers), the torch threads in force now, and the
+    device (on a GPU: its name and compute capability, the CUDA runtime and
+    cuDNN torch was built with, torch's git commit, and the driver's version
+    where NVML reports it)."""
     dev = torch.device(device)
+    kernels = cpu_fingerprint()
     env: dict[str, Any] = {
         "torch": torch.__version__,
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_fingerprint": fingerprint_id(kernels),
+        "cpu_kernels": kernels,
         "threads": torch.get_num_threads(),
         "device": dev.type,
     }

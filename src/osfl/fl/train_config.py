@@ -24,8 +24,11 @@ class TrainConfig(OptimConfig):
     """The optimizer of :class:`OptimConfig` plus the loop's own knobs.
 
     ``steps`` (optimizer steps), when set, overrides ``epochs``. ``amp``
-    autocasts on CUDA only (bf16 where supported); on CPU it changes nothing.
-    ``drop_last`` drops each epoch's last incomplete batch.
+    autocasts on CUDA only (bf16 where supported, the default there: the
+    record's ``provenance.dtype`` says which); on CPU it changes nothing.
+    ``drop_last`` drops each epoch's last incomplete batch. ``compile`` runs
+    the model's forward through ``torch.compile`` on CUDA (off: its compile
+    time is only worth paying where a GPU measured it faster, and none has yet).
     """
 
     epochs: int = 1
@@ -33,6 +36,7 @@ class TrainConfig(OptimConfig):
     batch_size: int = 64
     amp: bool = True
     drop_last: bool = False
+    compile: bool = False
 
     def __post_init__(self) -> None:
         try:

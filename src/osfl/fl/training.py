@@ -8,6 +8,17 @@ once, batches are uint8 tensors indexed in memory and augmented as a whole
 batch on the device, the running loss stays on the device (one host sync at
 the end), and the only per-step Python is the hooks of the objective terms.
 
+**On a GPU a step never waits for the device** (issue #40): the loader's
+permutation goes up without blocking, augmentations draw from a generator on
+the device (:func:`osfl.data.transforms.augmentation_generator`), the loss
+and accuracy are summed on the device and read once at the end, and the
+progress bar reads the loss through a non-blocking copy. There, too,
+convnets train in channels_last with ``cudnn.benchmark``, SGD/Adam/AdamW use
+torch's fused kernels, ``train.amp`` (on by default) autocasts to bf16, and
+``train.compile`` puts the forward through ``torch.compile``. On the CPU
+none of this applies and every number is today's, bit for bit;
+``tests/test_sync_free.py`` counts the waits of a step on a simulated device.
+
 Local training follows FedAvg [McMahan et al., AISTATS 2017]: ``E`` local
 epochs (or a fixed number of local steps) of mini-batch training with
 cross-entropy, where algorithm-specific terms (FedProx, SCAFFOLD, FedDyn, ...)
@@ -17,6 +28,7 @@ contrastive objective) through ``loss_fn``.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import time
@@ -31,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from osfl.data.loader import BatchIterator
+from osfl.data.transforms import augmentation_generator, device_path
 from osfl.errors import DataError
 from osfl.fl.objectives import ObjectiveTerm
 from osfl.fl.optim import build_optimizer, build_schedule, is_constant_schedule
@@ -246,6 +259,37 @@ def stats_health(stats: Mapping[str, Any]) -> tuple[str, ...]:
         return tuple(str(w) for w in stats.get("warnings") or ())
 
 
+def _is_convnet(model: nn.Module) -> bool:
+    """Whether ``model`` convolves (and so gains from channels_last and
+    ``cudnn.benchmark``): a ``Conv2d`` whose kernel is not its stride. A ViT's
+    patch embedding (kernel = stride) is a matrix product in disguise."""
+    return any(
+        isinstance(m, nn.Conv2d) and tuple(m.kernel_size) != tuple(m.stride)
+        for m in model.modules()
+    )
+
+
+def _fused(optimizer: torch.optim.Optimizer, device: torch.device) -> torch.optim.Optimizer:
+    """``optimizer`` rebuilt with ``fused=True`` on CUDA, where torch has fused
+    SGD, Adam and AdamW kernels (one launch for all parameters, no host-side
+    step counter). Left as it is on the CPU (torch's fused CPU kernels would
+    change today's numbers), for other optimizers, and once it has state.
+    :func:`osfl.fl.optim.build_optimizer` builds one parameter group from
+    ``defaults``, so the rebuild is that optimizer with one option more
+    (``optim.py`` could take a ``fused`` flag instead; it is not this
+    module's file)."""
+    fusable = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
+    if device.type != "cuda" or type(optimizer) not in fusable or len(optimizer.param_groups) != 1:
+        return optimizer
+    if optimizer.state:  # already stepped: keep its state
+        return optimizer
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    # defaults may hold more than the constructor takes (AdamW's decoupled_weight_decay)
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    defaults.update(fused=True, foreach=None)
+    return type(optimizer)(optimizer.param_groups[0]["params"], **defaults)
+
+
 def _autocast_dtype(device: torch.device) -> torch.dtype:
     # bf16 needs no loss scaling; fp16 (older GPUs) goes through a GradScaler.
     return getattr(torch, compute_dtype(device, amp=True))
@@ -265,7 +309,12 @@ class _Stepper:
         loss_fn: LossFn | None,
     ):
         self.model, self.cfg, self.terms, self.loss_fn = model, cfg, terms, loss_fn
-        self.optimizer = build_optimizer(model.parameters(), cfg)
+        self.optimizer = _fused(build_optimizer(model.parameters(), cfg), device)
+        # the forward the loss runs: compiled on CUDA when train.compile asks
+        # (the model itself stays as it is, for hooks, terms and state dicts)
+        self.forward_model: nn.Module = (
+            torch.compile(model) if cfg.compile and device.type == "cuda" else model  # type: ignore[assignment]
+        )
         # a constant lr needs no scheduler: one Python call less per step
         self.schedule = (
             None if is_constant_schedule(cfg) else build_schedule(self.optimizer, cfg, total)
@@ -287,14 +336,14 @@ class _Stepper:
         """The step's loss and, for the default cross-entropy, the logits."""
         logits = None
         with self.autocast():
-            model = self.model
+            model = self.forward_model
             if self.loss_fn is not None:
                 loss = self.loss_fn(model, x, y)
             else:
                 logits = model(x)
                 loss = F.cross_entropy(logits, y)
             for term in self.terms:
-                extra = term.extra_loss(model)
+                extra = term.extra_loss(self.model)
                 if extra is not None:
                     loss = loss + extra
         return loss, logits
@@ -325,12 +374,29 @@ class _Stepper:
         return loss.detach(), None if logits is None else logits.detach()
 
 
+class _DeviceLoader(BatchIterator):
+    """The loader of the device path: the permutations drawn as the plain
+    loader draws them (from the run's CPU generator), sent to the device
+    without blocking (from pinned memory on CUDA), so an epoch's first step
+    does not wait for the GPU."""
+
+    def _order(self) -> torch.Tensor:
+        g = self.generator
+        if not self.shuffle or g is None or g.device.type != "cpu" or self.device.type == "cpu":
+            return super()._order()
+        perm = torch.randperm(self.num_samples, generator=g)
+        if self.device.type == "cuda":
+            perm = perm.pin_memory()
+        return perm.to(self.device, non_blocking=True)
+
+
 def _loader(
     data: ImageSet, cfg: TrainConfig, generator: torch.Generator, device: torch.device
 ) -> BatchIterator:
     if len(data) == 0:
         raise DataError("cannot train on an empty client data set")
-    loader = BatchIterator(
+    cls = _DeviceLoader if device_path(device) else BatchIterator
+    loader = cls(
         data.images,
         data.labels,
         cfg.batch_size,
@@ -365,7 +431,10 @@ def train_local(
 
     ``transform`` maps a uint8 batch on ``device`` to the model's float input
     (``None``: scale to [0, 1]). ``generator`` fixes the batch order and the
-    augmentations (``None``: seed 0), so a run is deterministic on CPU.
+    augmentations (``None``: seed 0), so a run is deterministic on CPU; off
+    the CPU the augmentations come from a device generator seeded from it
+    (:func:`~osfl.data.transforms.augmentation_generator`: deterministic per
+    seed, another stream than the CPU's).
     ``loss_fn(model, x, y)`` replaces cross-entropy; ``terms`` add to the loss
     or correct gradients (see :mod:`osfl.fl.objectives`). ``progress`` shows a
     bar named ``description``. ``on_batch(step, x, y)`` sees every step's
@@ -375,8 +444,15 @@ def train_local(
     device = torch.device(device)
     generator = generator if generator is not None else torch.Generator().manual_seed(0)
     loader = _loader(data, cfg, generator, device)
+    aug_generator = augmentation_generator(generator, device)
     total = cfg.total_steps(len(data))
     model.to(device).train()
+    channels_last = device.type == "cuda" and _is_convnet(model)
+    if channels_last:
+        # NHWC convolutions (tensor cores' layout); cudnn picks each conv's fastest
+        # algorithm once per shape (among deterministic ones if those are enforced)
+        model.to(memory_format=torch.channels_last)
+        torch.backends.cudnn.benchmark = True
     stepper = _Stepper(model, cfg, total, device, terms, loss_fn)
     tap = _STEP_LABELS.get()
     per_epoch = min(len(loader), total)
@@ -389,10 +465,12 @@ def train_local(
     last = loss_sum
     step = samples = 0
     start = time.perf_counter()
-    with _LossBar(progress, description, total) as bar:
+    with _LossBar(progress, description, total, device) as bar:
         while step < total:
             for xb, yb in loader:
-                x = transform(xb, generator) if transform is not None else xb.float() / 255
+                x = transform(xb, aug_generator) if transform is not None else xb.float() / 255
+                if channels_last and x.ndim == 4:
+                    x = x.contiguous(memory_format=torch.channels_last)
                 last, logits = stepper(x, yb)
                 loss_sum += last
                 if step < per_epoch:
@@ -412,9 +490,16 @@ def train_local(
                 bar.advance(step, last)
                 if step >= total:
                     break
+    if channels_last:  # state dicts leave in the usual layout (serialisers want it)
+        model.to(memory_format=torch.contiguous_format)
     epochs = step / len(loader)
-    first_loss, final_loss = float(first) / per_epoch, float(final) / per_epoch
-    train_accuracy = float(correct) / seen if seen else None
+    # one read of the five device sums (one wait for a GPU, not five); float64
+    # holds each float32 sum and int64 count exactly, so the numbers are those
+    # of reading them one by one
+    sums = torch.stack([t.double() for t in (first, final, correct, loss_sum, last)])
+    first_sum, final_sum, n_correct, total_loss, last_loss = sums.tolist()
+    first_loss, final_loss = first_sum / per_epoch, final_sum / per_epoch
+    train_accuracy = n_correct / seen if seen else None
     warnings = training_health(
         first_loss, final_loss, train_accuracy, epochs, num_classes=num_classes
     )
@@ -425,8 +510,8 @@ def train_local(
         steps=step,
         samples=samples,
         epochs=epochs,
-        mean_loss=float(loss_sum) / max(step, 1),
-        last_loss=float(last),
+        mean_loss=total_loss / max(step, 1),
+        last_loss=last_loss,
         seconds=time.perf_counter() - start,
         first_loss=first_loss,
         final_loss=final_loss,
@@ -437,13 +522,26 @@ def train_local(
 
 
 class _LossBar:
-    """A bar over local steps that shows the loss now and then: reading the
-    loss is a host sync, so it happens ~20 times per run, not per step."""
+    """A bar over local steps that shows the loss now and then (~20 times per
+    run). On the CPU it reads the loss; off it, reading would wait for the
+    device, so the loss goes to the host by a non-blocking copy (into pinned
+    memory on CUDA) and the bar shows the copy made at the previous update,
+    once CUDA says it has landed."""
 
-    def __init__(self, progress: Progress | None, description: str, total: int):
+    def __init__(
+        self,
+        progress: Progress | None,
+        description: str,
+        total: int,
+        device: torch.device | None = None,
+    ):
         self.task: ProgressTask = (progress or Progress()).task(description, total)
         self.enabled = progress is not None and progress.enabled
         self.description, self.every = description, max(1, total // 20)
+        self.blocking = device is None or not device_path(device)
+        self.cuda = device is not None and device.type == "cuda"
+        self.host: torch.Tensor | None = None
+        self.landed: Any = None  # a CUDA event: the copy into self.host is done
 
     def __enter__(self) -> _LossBar:
         return self
@@ -453,9 +551,29 @@ class _LossBar:
 
     def advance(self, step: int, loss: torch.Tensor) -> None:
         if self.enabled and step % self.every == 0:
-            self.task.advance(description=f"{self.description}  loss {float(loss):.4f}")
+            shown = self._read(loss)
+            if shown is None:
+                self.task.advance()
+            else:
+                self.task.advance(description=f"{self.description}  loss {shown:.4f}")
         else:
             self.task.advance()
+
+    def _read(self, loss: torch.Tensor) -> float | None:
+        """The loss to show: this step's on the CPU path; off it, the last
+        copy that has landed (``None`` before the first), then a new copy."""
+        if self.blocking:
+            return float(loss)
+        shown = None
+        if self.host is not None and (self.landed is None or self.landed.query()):
+            shown = float(self.host)
+        if self.host is None:
+            self.host = torch.empty((), dtype=loss.dtype, pin_memory=self.cuda)
+        self.host.copy_(loss.detach(), non_blocking=True)
+        if self.cuda:
+            self.landed = torch.cuda.Event()
+            self.landed.record()
+        return shown
 
 
 def init_model(run: RunContext) -> nn.Module:

@@ -48,6 +48,20 @@ from osfl.flower.spec import JobSpec, job_digest, job_parts
 log = logging.getLogger(__name__)
 
 
+class NodesNotConnected(OsflError):
+    """Fewer than the needed nodes connected in time. The hint is for a
+    deployment (start the SuperNodes); Flower's simulation engine, whose nodes
+    osfl registers itself, rephrases it (:mod:`osfl.flower.engine`)."""
+
+    def __init__(self, connected: int, count: int, need: int, timeout: float):
+        self.connected, self.count, self.need, self.timeout = connected, count, need, timeout
+        super().__init__(
+            f"only {connected} of {count} SuperNodes connected within {timeout:.0f} s "
+            f"(at least {need} needed): start one flower-supernode per client "
+            "(--node-config 'partition-id=<i>'), or raise the run config 'node-timeout'"
+        )
+
+
 def wait_for_nodes(
     grid: Grid,
     count: int,
@@ -68,12 +82,52 @@ def wait_for_nodes(
         if time.monotonic() > deadline:
             if len(nodes) >= need:
                 return nodes
-            raise OsflError(
-                f"only {len(nodes)} of {count} SuperNodes connected within {timeout:.0f} s "
-                f"(at least {need} needed): start one flower-supernode per client "
-                "(--node-config 'partition-id=<i>'), or raise the run config 'node-timeout'"
-            )
+            raise NodesNotConnected(len(nodes), count, need, timeout)
         time.sleep(poll)
+
+
+class DiscoveryError(ConfigError):
+    """Discovery found no usable node for some clients: ``problems`` are the
+    nodes that answered and refused the job (a misconfigured site: its own
+    reason says what to fix), ``gone`` the ones Flower could not reach.
+
+    Only when no node refused does the message add how to start the missing
+    SuperNodes; a refusal's reason is the whole story, and the same reason
+    from many nodes is said once. Flower's simulation engine rephrases it
+    (:mod:`osfl.flower.engine`: its ClientApps are Ray actors, not
+    SuperNodes a user starts)."""
+
+    def __init__(self, missing: list[int], num_clients: int, problems: list[str], gone: list[str]):
+        self.missing, self.num_clients = missing, num_clients
+        self.problems, self.gone = problems, gone
+        if problems:
+            super().__init__(
+                f"client(s) {missing} of {num_clients} have no usable node: {self.reasons()}"
+            )
+        else:
+            super().__init__(
+                f"no usable SuperNode for client(s) {missing} of {num_clients} "
+                f"({self.reasons() or 'no node answered for them'}); start one "
+                "flower-supernode per client with --node-config 'partition-id=<i>'"
+            )
+
+    def reasons(self) -> str:
+        """Each distinct reason once, with the nodes that gave it."""
+        by_reason: dict[str, list[str]] = {}
+        for item in [*self.problems, *self.gone]:
+            who, sep, why = item.partition(": ")
+            why = (why if sep else item).strip().splitlines()[0] if item.strip() else "?"
+            by_reason.setdefault(why, []).append(who if sep else "")
+        parts = []
+        for why, whos in by_reason.items():
+            named = [w for w in whos if w]
+            if len(named) > 3:  # Flower's node ids are long random numbers
+                parts.append(f"{len(named)} nodes: {why}")
+            elif len(named) > 1:
+                parts.append(f"nodes {', '.join(w.removeprefix('node ') for w in named)}: {why}")
+            else:
+                parts.append(f"{named[0]}: {why}" if named else why)
+        return "; ".join(parts)
 
 
 def discover_clients(grid: Grid, job: Job, digest: str, timeout: float) -> dict[int, int]:
@@ -126,11 +180,7 @@ def discover_clients(grid: Grid, job: Job, digest: str, timeout: float) -> dict[
             mapping[cid] = node
     missing = [c for c in range(job.num_clients) if c not in mapping]
     if len(mapping) < need or (problems and missing):  # a misconfigured site stops the run
-        detail = "; ".join(problems + gone) or "no node answered for them"
-        raise ConfigError(
-            f"no usable SuperNode for client(s) {missing} of {job.num_clients} ({detail}); "
-            "start one flower-supernode per client with --node-config 'partition-id=<i>'"
-        )
+        raise DiscoveryError(missing, job.num_clients, problems, gone)
     if missing:  # not connected in time or unreachable: the rounds go on without them
         log.warning(
             "no SuperNode for client(s) %s: they count as dropped out (%s)",

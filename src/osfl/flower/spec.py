@@ -161,6 +161,22 @@ class JobCache:
             self._entry = (builder, spec, job, job_digest(job))
             return job, self._entry[3]
 
+    def __reduce__(self) -> tuple[Callable[[], JobCache], tuple[()]]:
+        """Pickle by role, never by value. Flower's simulation engine ships the
+        ClientApp to every Ray actor with cloudpickle, which pickles the
+        handlers' closures and the globals they use by value; a lock cannot be
+        pickled, and a built job (data, federation, model) must not travel.
+        So the process-wide :data:`JOBS` unpickles as the receiving process's
+        own :data:`JOBS` (every message an actor answers then hits its one
+        built job), and any other cache as a new empty one."""
+        return (process_jobs, ()) if self is JOBS else (JobCache, ())
+
+
+def process_jobs() -> JobCache:
+    """This process's :data:`JOBS` (what a pickled :data:`JOBS` unpickles as;
+    a module-level function, so cloudpickle pickles it by reference)."""
+    return JOBS
+
 
 #: The process-wide cache the ClientApps of this process share.
 JOBS = JobCache()

@@ -1,9 +1,18 @@
 """``osfl suite``: turn the minutes of a lent GPU into REPRODUCTION rows
-(issue #32; docs/gpu-suite.md).
+(issues #32, #40; docs/gpu-suite.md).
 
 - :mod:`osfl.suite.plan`: the catalogue of paper-scale steps in order of
-  value, each with its calibration command, and the plan of those that fit;
-- :mod:`osfl.suite.execute`: calibrate, plan, run, write the rows;
-- :mod:`osfl.suite.pack`: the data and weights a lent machine carries;
+  value, each with its work and its tiny dry-run command, and the plan of
+  those whose estimates (work over the measured rates) fit a budget;
+- :mod:`osfl.suite.rates`: the measurement phase, this machine's rates
+  (training images per second, decoding, resizing, start-up);
+- :mod:`osfl.suite.execute`: ``osfl suite run``: measure, plan, run each
+  step, write the rows, go on from a previous call;
+- :mod:`osfl.suite.bundle`: the flat folder a job hands back after every
+  finished step, within a lent machine's return limits;
+- :mod:`osfl.suite.importer`: ``osfl suite import``: a bundle's rows into
+  ``reproduction/`` and REPRODUCTION.md;
+- :mod:`osfl.suite.pack`: the data (an in-memory image pack), weights and
+  wheels a lent machine carries;
 - :mod:`osfl.suite.mfu`: the MFU benchmark of one training step.
 """

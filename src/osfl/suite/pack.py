@@ -5,15 +5,13 @@ with at most 64 MiB of ignored paths.
 ``osfl suite pack`` writes ``gpu_pack/`` (``.gitignore``d):
 
 - ``cifar10.npz``: an image folder (``OSFL_CIFAR10``: ``train/`` and ``test/``,
-  one folder per class) as three arrays per split, *the files' own bytes*
-  concatenated (``<split>_bytes`` uint8), their offsets (``<split>_offsets``
-  int64, N + 1) and relative paths (``<split>_paths``: UTF-8, one a line, as
-  uint8; no object arrays, so ``np.load(allow_pickle=False)`` reads it). The images
-  are not re-encoded: unpacked, they are the very files the cpu rows decoded,
-  so a run gives the same images bit for bit. CIFAR-10 as this repo's
-  image folder holds it (60,000 JPEGs of 32 px) is 54.3 MiB: all of it fits;
-  as raw uint8 it would be 175.8 MiB (``max_per_class`` packs a subset when
-  a larger folder does not fit);
+  one folder per class) as an image pack (:mod:`osfl.data.sources.pack`): the
+  files' shared prefixes once (all CIFAR-10 JPEGs share a 623-byte header),
+  each file's remainder, offsets and paths, no pickle. The images are not
+  re-encoded: prefix + remainder is each file bit for bit, so a run gives
+  the images the cpu rows decoded. CIFAR-10 (60,000 JPEGs of 32 px, 52.7 MiB
+  of files) packs into 17.7 MiB; as raw uint8 it would be 175.8 MiB
+  (``max_per_class`` packs a subset when a larger folder does not fit);
 - ``pretrained/``: weights files with their model cards (``NAME.card.json``);
 - ``wheels/``: the Python packages osfl imports that the lent machine's image
   lacks (:data:`LENT_MACHINE_LACKS`, at the versions installed here), for
@@ -22,9 +20,11 @@ with at most 64 MiB of ignored paths.
   these (seen on an H200 lent on 2026-11-25);
 - ``MANIFEST.json``: every file's bytes and sha256, the total, the limit.
 
-The suite reads it with :func:`unpack_imagefolder` (the folder written back
-under the cache directory once, checked against the manifest's sha256) and
-points ``OSFL_CIFAR10`` there, so every config reads it unchanged.
+The suite checks it with :func:`packed_imagefolder` and points
+``OSFL_CIFAR10`` at the pack file itself: ``imagefolder:<file>.npz`` reads
+it from memory, so every config reads it unchanged and nothing is written
+back to disk. :func:`unpack_imagefolder` still writes the folder back (once,
+each file checked against the packer's sha256) for tools that want files.
 """
 
 from __future__ import annotations
@@ -42,6 +42,8 @@ from typing import Any
 
 import numpy as np
 
+from osfl.data.sources.imagefolder import IMAGE_EXTENSIONS
+from osfl.data.sources.pack import open_pack, write_pack
 from osfl.errors import ConfigError, DataError
 
 #: What a lent machine carries at most (the run tool's limit on ignored paths).
@@ -56,7 +58,6 @@ LENT_MACHINE_LACKS = ("omegaconf", "flwr-datasets", "datasets", "dill", "multipr
 #: The lent machine's Python (its wheels must match it).
 LENT_PYTHON = "3.12"
 _LENT_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
-_IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".webp", ".ppm"}
 
 
 def _sha256(path: Path) -> str:
@@ -69,14 +70,19 @@ def _sha256(path: Path) -> str:
 
 def _listing(root: Path, split: str, max_per_class: int | None) -> list[str]:
     """Relative paths of a split's images, sorted (class, then file), at most
-    ``max_per_class`` per class (the first in that order)."""
+    ``max_per_class`` per class (the first in that order): the files the
+    image-folder source reads (no hidden names, its image extensions)."""
     base = root / split
     if not base.is_dir():
         raise DataError(f"{base} is not a folder: an image folder needs train/ and test/")
     out: list[str] = []
     for cls in sorted(p.name for p in base.iterdir() if p.is_dir()):
+        if cls.startswith("."):
+            continue
         files = sorted(
-            p.name for p in (base / cls).iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES
+            p.name
+            for p in (base / cls).iterdir()
+            if p.is_file() and not p.name.startswith(".") and p.suffix.lower() in IMAGE_EXTENSIONS
         )
         out += [f"{split}/{cls}/{name}" for name in files[:max_per_class]]
     if not out:
@@ -84,62 +90,77 @@ def _listing(root: Path, split: str, max_per_class: int | None) -> list[str]:
     return out
 
 
+def check_max_per_class(value: Any) -> int | None:
+    """``--max-per-class``: a positive count or none (``0`` or ``-1`` would
+    silently pack nothing or drop each class's last file)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ConfigError(f"--max-per-class must be a positive number of images, got {value!r}")
+    return int(value)
+
+
 def pack_imagefolder(root: str | os.PathLike[str], out: str | os.PathLike[str], *,
                      max_per_class: int | None = None) -> dict[str, Any]:  # fmt: skip
-    """Pack the image folder ``root`` into the ``.npz`` file ``out`` (the
-    files' bytes, unchanged); returns its manifest entry (images per split,
-    bytes, sha256)."""
+    """Pack the image folder ``root`` into the pack file ``out`` (the files'
+    bytes, shared prefixes stored once); returns its manifest entry (images
+    per split, the files' own bytes, the pack's bytes and sha256)."""
     root, out = Path(root), Path(out)
-    arrays: dict[str, np.ndarray] = {}
-    counts: dict[str, int] = {}
+    max_per_class = check_max_per_class(max_per_class)
+    if not root.is_dir():
+        raise DataError(f"the CIFAR-10 image folder {root} does not exist")
+    files = {}
     for split in SPLITS:
         paths = _listing(root, split, max_per_class)
-        blobs = [(root / p).read_bytes() for p in paths]
-        offsets = np.zeros(len(blobs) + 1, dtype=np.int64)
-        np.cumsum([len(b) for b in blobs], out=offsets[1:])
-        arrays[f"{split}_bytes"] = np.frombuffer(b"".join(blobs), dtype=np.uint8)
-        arrays[f"{split}_offsets"] = offsets
-        if any("\n" in p for p in paths):
-            raise DataError(f"{root}: a file name holds a newline; rename it before packing")
-        arrays[f"{split}_paths"] = np.frombuffer("\n".join(paths).encode(), dtype=np.uint8)
-        counts[split] = len(paths)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp.npz")
-    np.savez(tmp, **arrays)  # JPEG bytes do not compress: stored, not deflated
-    os.replace(tmp, out)
-    return {"images": counts, "max_per_class": max_per_class, **_file_entry(out)}
+        files[split] = [(p, (root / p).read_bytes()) for p in paths]
+    write_pack(out, files, name=root.resolve().name)
+    counts = {split: len(files[split]) for split in SPLITS}
+    raw = sum(len(b) for split in SPLITS for _, b in files[split])
+    return {"images": counts, "max_per_class": max_per_class, "file_bytes": raw, **_file_entry(out)}
 
 
 def _file_entry(path: Path) -> dict[str, Any]:
     return {"bytes": path.stat().st_size, "sha256": _sha256(path)}
 
 
+def packed_imagefolder(pack_dir: str | os.PathLike[str]) -> Path | None:
+    """The checked image pack of the pack folder ``pack_dir`` (``None``: it
+    packs no images), for ``OSFL_CIFAR10``: ``imagefolder:<that file>``
+    reads the images from memory, nothing unpacked.
+
+    The manifest's sizes and sha256 (:func:`read_manifest`) and the pack's
+    own offsets, prefixes, paths and sha256 are checked here, so a damaged
+    pack stops the suite with one line before any step runs."""
+    manifest = read_manifest(pack_dir)
+    if manifest is None:
+        raise DataError(f"{pack_dir} holds no pack (no MANIFEST.json): run `osfl suite pack`")
+    if "cifar10.npz" not in manifest["files"]:
+        return None
+    path = Path(pack_dir) / "cifar10.npz"
+    open_pack(path).verify()
+    return path
+
+
 def unpack_imagefolder(pack: str | os.PathLike[str], dest: str | os.PathLike[str]) -> Path:
     """Write the image folder packed in ``pack`` under ``dest`` (once: a
-    ``.packed-sha256`` stamp names the pack it came from) and return ``dest``."""
+    ``.packed-sha256`` stamp names the pack it came from) and return ``dest``;
+    every file is checked against the sha256 the packer wrote."""
     pack, dest = Path(pack), Path(dest)
     digest = _sha256(pack)
     stamp = dest / ".packed-sha256"
     if stamp.is_file() and stamp.read_text().strip() == digest:
         return dest
+    opened = open_pack(pack)
+    opened.verify()
     if dest.exists():
         shutil.rmtree(dest)
     tmp = dest.with_name(dest.name + ".unpacking")
     if tmp.exists():
         shutil.rmtree(tmp)
-    with np.load(pack, allow_pickle=False) as z:
-        for split in SPLITS:
-            data, offsets, paths = (z[f"{split}_{k}"] for k in ("bytes", "offsets", "paths"))
-            count = paths.tobytes().count(b"\n") + 1
-            if offsets.shape != (count + 1,) or int(offsets[-1]) != data.size:
-                raise DataError(f"{pack}: the {split} offsets do not match its bytes")
-            names = paths.tobytes().decode().split("\n")
-            for i, rel in enumerate(names):
-                path = tmp / rel
-                if ".." in Path(rel).parts or Path(rel).is_absolute():
-                    raise DataError(f"{pack}: refusing the path {rel!r}")
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_bytes(data[offsets[i] : offsets[i + 1]].tobytes())
+    for rel, blob in opened.files().items():  # paths checked by open_pack: split/class/file
+        path = tmp / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(blob)
     tmp.rename(dest)
     stamp.write_text(digest + "\n")
     return dest
@@ -178,9 +199,55 @@ def pack(
     """Write the pack folder ``out``: the image folder ``cifar10`` (if given),
     every weights file with its card, and the ``wheels`` files; refuse a pack
     over ``limit_bytes`` (saying what did fit). Returns the manifest, also
-    written to ``out/MANIFEST.json``."""
+    written to ``out/MANIFEST.json``.
+
+    Written into a sibling folder and moved to ``out`` once complete: a
+    refused or failed pack leaves ``out`` as it was (no empty folder, no
+    half pack)."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    max_per_class = check_max_per_class(max_per_class)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} is a file, not a folder")
+    work = out.with_name(out.name + ".packing")
+    if work.exists():
+        shutil.rmtree(work)
+    try:
+        manifest = _pack_into(work, cifar10, weights, wheels, max_per_class, limit_bytes)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    if not out.exists():
+        work.rename(out)
+        return manifest
+    _replace_pack(work, out)
+    return manifest
+
+
+def _replace_pack(work: Path, out: Path) -> None:
+    """Move the finished pack ``work`` into the existing folder ``out``: the
+    files the old manifest lists are removed first (a weights file or wheel
+    dropped since is not left behind), nothing else in ``out`` is touched."""
+    try:
+        old = json.loads((out / "MANIFEST.json").read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        old = {}
+    for name in old if isinstance(old, dict) else ():
+        f = out / name
+        if f.is_file() and f.resolve().is_relative_to(out.resolve()):
+            f.unlink()
+    for src in sorted(p for p in work.rglob("*") if p.is_file()):
+        dst = out / src.relative_to(work)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(src, dst)
+    shutil.rmtree(work)
+
+
+def _pack_into(out: Path, cifar10: str | os.PathLike[str] | None,
+               weights: Iterable[str | os.PathLike[str]],
+               wheels: Iterable[str | os.PathLike[str]], max_per_class: int | None,
+               limit_bytes: int) -> dict[str, Any]:  # fmt: skip
+    """:func:`pack` into the fresh folder ``out``."""
+    out.mkdir(parents=True)
     files: dict[str, Any] = {}
     if cifar10 is not None:
         files["cifar10.npz"] = pack_imagefolder(
@@ -222,9 +289,17 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     path = folder / "MANIFEST.json"
     if not path.is_file():
         return None
-    manifest = json.loads(path.read_text())
-    for name, entry in manifest["files"].items():
+    try:
+        manifest = json.loads(path.read_text())
+        entries = [
+            (str(n), int(e["bytes"]), str(e["sha256"])) for n, e in manifest["files"].items()
+        ]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # damaged JSON or shape
+        raise DataError(f"{path} is unreadable: re-run `osfl suite pack`") from None
+    for name, size, sha in entries:
         f = folder / name
-        if not f.is_file() or f.stat().st_size != entry["bytes"] or _sha256(f) != entry["sha256"]:
+        if ".." in Path(name).parts or Path(name).is_absolute():
+            raise DataError(f"{path} names a file outside the pack ({name[:80]!r})")
+        if not f.is_file() or f.stat().st_size != size or _sha256(f) != sha:
             raise DataError(f"{f} is missing or differs from {path}: re-run `osfl suite pack`")
     return manifest

@@ -1,25 +1,35 @@
 """The paper-scale runs a lent GPU should make, in order of value, and the
-plan of those that fit a budget (issue #32).
+plan of those that fit a budget (issues #32, #40).
 
-A :class:`Step` is one osfl command (``osfl pretrain`` / ``osfl run`` / the
-MFU benchmark) that writes one directory, with the short command that
-calibrates its cost: the same command with fewer epochs and images, whose
-measured seconds times the step's ``ratio`` (the full command's work over the
-calibration's, by construction of the two) is the step's estimate. Fixed
-costs (loading data, building the model, the first CUDA kernels) are scaled
-with the rest, so an estimate errs long, never short.
+A :class:`Step` is one command (``osfl pretrain`` / ``osfl run`` / the MFU
+benchmark / a benchmark script) that writes one directory, with its
+:class:`Work`: how many image-steps of which model, how many images decoded
+and resized, plus a fixed cost of its own. A job first measures this
+machine's rates (:mod:`osfl.suite.rates`); a step's estimate is then its
+work over those rates plus the measured start-up, times :data:`MARGIN`.
+Nothing is keyed by a GPU's name, and nothing is calibrated: a step whose
+estimate exceeds :data:`STEP_CAP_S` can never fit one command and is never
+run (``--steps`` forces it).
 
-``STEPS`` is the catalogue in the issue's order of value: a stronger encoder
-first (every frozen-encoder row below needs it), the frozen-encoder methods
-on it at 224-px views (the closed-form heads before FALCON, which costs two
-orders of magnitude more), FAFI Table 1 at α 0.1 one seed per step, the MFU
-benchmark, EFTViT Table 1. Each step has a ``tiny`` form on 8-px digits
-that ``--dry-run`` runs on a CPU through the very same code path.
+``STEPS`` is the catalogue in the issue's order of value, one headline row
+per seed paper, each split into steps of at most 8 minutes at the H100's
+expected rates: FAFI Table 1 at α 0.1 (the paper's 50- and 100-epoch FAFI
+numbers first, as cheap rows; then the CE clients' and the SALT clients'
+training as separate steps, sharing the client cache), RLU Table 2 and
+Fig. 1, the encoder every frozen-encoder row needs, FedMITR Table I, FALCON
+Table 2 with the closed-form heads, EFTViT Table 1 (one step per method),
+the MFU benchmark, then more FAFI seeds. A step that uses some of
+CIFAR-10's classes decodes only those from the pack (the image folder's
+``classes`` option beside its ``data.classes``). Each step has a ``tiny``
+form on digits (8 px; 16 px, LeNet-5's least, for the RLU scripts) that
+``--dry-run`` runs on a CPU through the very same path.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,14 +37,22 @@ from typing import Any
 from osfl.errors import ConfigError
 
 #: The encoder step's output, relative to the suite's directory
-#: (``{encoder}`` in a command: the calibration's own file while calibrating).
+#: (``{encoder}`` in a command).
 ENCODER = "pretrained/cifar5_vits16_sup.safetensors"
 #: The five downstream classes, disjoint from the encoder's upstream ones.
 DOWNSTREAM = "data.classes=[dog,frog,horse,ship,truck]"
+#: ... decoded alone from the pack (the image folder's ``classes`` option: the
+#: same samples as a full load restricted by ``data.classes``, a half of the
+#: decoding); the tiny forms' digits decode in milliseconds and take no such option.
+DOWNSTREAM_DECODE = "data.options.classes=[dog,frog,horse,ship,truck]"
+#: The encoder's upstream classes 0-4 (``upstream.classes`` of
+#: configs/pretrain_cifar5_gpu.yaml), decoded alone in the same way.
+UPSTREAM_DECODE = "upstream.options.classes=[0,1,2,3,4]"
 _VITS = "model.name=vit_small_patch16_224"
 _FROZEN_GPU = (
     "configs/falcon_label_gpu.yaml",
     DOWNSTREAM,
+    DOWNSTREAM_DECODE,
     _VITS,
     "model.kwargs={pretrained: {encoder}}",
     "seeds=[0]",
@@ -72,59 +90,97 @@ _TINY_FROZEN = (
     "method.fedpft.components=2",
     "method.fedpft.max_iter=20",
 )
+_TINY_VIT = (
+    "model.name=vit_tiny_patch2_16",
+    "model.kwargs={pretrained: {encoder}, img_size: 8, patch_size: 2, depth: 1, embed_dim: 32, num_heads: 2, in_chans: 1}",
+)
+
+#: Head-room on an estimate: the rates are a micro-benchmark's, the training
+#: loop adds augmentation, evaluation and logging.
+MARGIN = 1.2
+#: The longest step a plan runs: one command of a lease is at most 10
+#: minutes, of which the job keeps one for the bundle and one for the rates.
+STEP_CAP_S = 8 * 60.0
+#: FLOPs of a training step per image against the measured models': VGG-16
+#: (CIFAR, 0.31 GFLOPs) and ViT-B/16 (17.6) against the CIFAR ResNet-18
+#: (0.56) and ViT-S/16 (4.6); an upsampling to 448 px against one to 224.
+VGG16_PER_R18 = 0.55
+VITB_PER_VITS = 3.8
+RESIZE_448 = 4.0
+#: A forward pass (evaluation, feature extraction) against a training step.
+FORWARD = 1.0 / 3.0
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a step computes, in the units of :data:`osfl.suite.rates.RATE_KEYS`
+    (image-steps of a model, images decoded or resized), plus ``fixed_s``:
+    seconds of its own no rate prices (closed-form fits, attacks' Monte
+    Carlo), stated where guessed in ``note``."""
+
+    units: Mapping[str, float] = field(default_factory=dict)
+    fixed_s: float = 0.0
+    note: str = ""
+
+    def seconds(self, rates: Mapping[str, Any], margin: float = MARGIN) -> float:
+        """``(sum of units / rate + fixed_s) x margin + rates["startup_s"]``."""
+        missing = sorted(k for k in self.units if k not in rates)
+        if missing:
+            raise ConfigError(f"no measured rate for {', '.join(missing)}")
+        busy = sum(n / float(rates[k]) for k, n in self.units.items()) + self.fixed_s
+        return busy * margin + float(rates.get("startup_s", 0.0))
+
+
+#: A tiny command's work: a handful of toy steps (the dry run's plan).
+TINY_WORK = Work({"resnet18_32": 400.0, "decode": 200.0}, fixed_s=2.0)
 
 
 @dataclass(frozen=True)
 class Step:
     """One command of the suite and what its finished directory reports.
 
-    ``argv``: the osfl command (without ``osfl``) at paper scale, with
-    ``{out}`` (the step's directory) and ``{encoder}`` placeholders;
-    ``calibrate``: overrides added for the calibration run; ``ratio``:
-    the full command's work over the calibration's (``tiny_calibrate`` and
-    ``tiny_ratio``: the same for the dry run); ``paper``: method ->
-    the paper's number (%), ``paper_note`` what that number is of; ``needs``:
-    steps whose output this one reads; ``tiny``: the dry run's command.
+    ``argv``: the command (without ``osfl``) at paper scale, with ``{out}``
+    (the step's directory) and ``{encoder}`` placeholders (a ``script``
+    step's ``argv`` starts with ``script``, then the script's path and
+    arguments); ``work``: what it computes (its estimate's source);
+    ``tiny``/``tiny_work``: the dry run's; ``paper``: method -> the paper's
+    number (%), ``paper_note`` what that number is of; ``needs``: steps
+    whose output this one reads; ``row``: the headline row its rows belong
+    to (steps of one row, e.g. FAFI's CE and SALT clients or several seeds,
+    share it); ``scale_note``: the scale, and any substitute (encoder, data).
     """
 
     name: str
     section: str
-    kind: str  # "pretrain" | "run" | "mfu"
+    kind: str  # "pretrain" | "run" | "mfu" | "script"
     argv: tuple[str, ...]
-    calibrate: tuple[str, ...]
-    ratio: float
     tiny: tuple[str, ...]
-    tiny_calibrate: tuple[str, ...] = ()
-    tiny_ratio: float = 1.0
+    work: Work = field(default_factory=Work)
+    tiny_work: Work = TINY_WORK
     paper: Mapping[str, float] = field(default_factory=dict)
     paper_note: str = ""
     needs: tuple[str, ...] = ()
     scale_note: str = ""
-    #: GPU name -> seconds the full command took on a lent machine of that
-    #: name (measured, or extrapolated from measured runs, as ``measured_note``
-    #: says): used instead of a calibration there.
-    measured_s: Mapping[str, float] = field(default_factory=dict)
-    measured_note: str = ""
+    row: str = ""
+
+    @property
+    def headline(self) -> str:
+        """The headline row's name (the step's own when ``row`` is empty)."""
+        return self.row or self.name
 
     def command(self, *, dry_run: bool) -> tuple[str, ...]:
         return self.tiny if dry_run else self.argv
 
-    def calibration(self, *, dry_run: bool) -> tuple[str, ...]:
-        return self.tiny_calibrate if dry_run else self.calibrate
-
-    def work_ratio(self, *, dry_run: bool) -> float:
-        return self.tiny_ratio if dry_run else self.ratio
-
-    def measured(self, machine: str | None) -> float | None:
-        """Seconds this step's full command took on ``machine`` (a GPU name),
-        with :data:`MEASURED_MARGIN`; ``None`` where it was not measured."""
-        seconds = self.measured_s.get(machine or "")
-        return None if seconds is None else MEASURED_MARGIN * seconds
+    def estimate(self, rates: Mapping[str, Any], *, dry_run: bool) -> float:
+        """Seconds this step's command should take at ``rates``."""
+        return (self.tiny_work if dry_run else self.work).seconds(rates)
 
 
-#: Head-room on a step's cost measured on the same kind of machine (run-to-run
-#: spread, a cold data cache).
-MEASURED_MARGIN = 1.15
+def command_text(argv: Sequence[str]) -> str:
+    """The command a person types: ``osfl ...``, or ``python SCRIPT ...``."""
+    if argv and argv[0] == "script":
+        return "python " + shlex.join(argv[1:])
+    return "osfl " + shlex.join(argv)
 
 
 def _osfl_run(*overrides: str) -> tuple[str, ...]:
@@ -142,9 +198,41 @@ def _falcon_fit(epochs: tuple[int, int, int]) -> tuple[str, ...]:
     )
 
 
-def _fafi_seed(seed: int) -> Step:
+# ------------------------------------------------------------------------ FAFI
+#: CIFAR-10's 50,000 training images, decoded with its 10,000 test images.
+_CIFAR_TRAIN, _CIFAR_ALL = 50_000, 60_000
+_FAFI_PAPER = {"fedavg": 17.43, "ensemble": 45.43, "fafi": 77.83}
+_FAFI_NOTE = "FAFI Table 1, CIFAR-10, α 0.1 (5 clients, ResNet-18, 200 epochs)"
+_FAFI_TINY = (
+    "configs/fafi_cifar10_gpu.yaml",
+    *_TINY_RUN,
+    "sweep=[]",
+    "model.name=cnn_small",
+    "method.fafi.augment=none",
+)
+
+
+def _fafi_work(epochs: int, views: int) -> Work:
+    """``views`` x ``epochs`` passes over the 50,000 images (the five clients
+    together), a test pass per method, and decoding CIFAR-10 once."""
+    steps = views * epochs * _CIFAR_TRAIN + FORWARD * 3 * 10_000
+    return Work({"resnet18_32": steps, "decode": _CIFAR_ALL}, fixed_s=15.0)
+
+
+def _fafi_step(kind: str, seed: int, epochs: int = 200) -> Step:
+    """FAFI Table 1 at α 0.1, one seed: ``ce`` (FedAvg and Ensemble, whose CE
+    clients they share) or ``salt`` (FAFI's SALT clients, two views of every
+    image); both read and fill the same client cache (``.osfl_cache``)."""
+    salt = kind == "salt"
+    methods = "methods=[fafi]" if salt else "methods=[fedavg,ensemble]"
+    short = "" if epochs == 200 else f"_e{epochs}"
+    paper = (
+        {"fafi": {50: 63.55, 100: 68.12, 200: 77.83}[epochs]}
+        if salt
+        else {m: _FAFI_PAPER[m] for m in ("fedavg", "ensemble")}
+    )
     return Step(
-        name=f"fafi_a0.1_seed{seed}",
+        name=f"fafi_{kind}{short}_a0.1_seed{seed}",
         section="fafi",
         kind="run",
         argv=_osfl_run(
@@ -152,45 +240,113 @@ def _fafi_seed(seed: int) -> Step:
             "partition.alpha=0.1",
             "sweep=[]",
             f"seeds=[{seed}]",
+            methods,
+            *(() if epochs == 200 else (f"train.epochs={epochs}",)),
         ),
-        # 200 local epochs on all images -> 4 epochs on a fifth of them (x250)
-        calibrate=(
-            "train.epochs=4",
-            "data.max_per_class=1000",
-            "data.options={test_max_per_class: 200}",
-        ),
-        ratio=250.0,
-        tiny=_osfl_run(
-            "configs/fafi_cifar10_gpu.yaml",
-            *_TINY_RUN,
-            "seeds=[0]",
-            "sweep=[]",
-            "model.name=cnn_small",
-            "method.fafi.augment=none",
-        ),
-        tiny_calibrate=("partition.num_clients=2",),
-        paper={"fedavg": 17.43, "ensemble": 45.43, "fafi": 77.83},
-        paper_note="FAFI Table 1, CIFAR-10, α 0.1 (5 clients, ResNet-18, 200 epochs)",
-        scale_note="the paper's setting; one seed per step (the paper: 5 trials)",
+        tiny=_osfl_run(*_FAFI_TINY, f"seeds=[{seed}]", methods),
+        work=_fafi_work(epochs, 2 if salt else 1),
+        paper=paper,
+        paper_note=_FAFI_NOTE
+        if epochs == 200
+        else f"FAFI Table 5, CIFAR-10, α 0.1, {epochs} local epochs (FAFI only)",
+        scale_note=f"the paper's setting at {epochs} local epochs; one seed per step "
+        "(the paper: 5 trials)",
+        row=f"fafi_t1{short}_a0.1",
     )
 
 
-STEPS: tuple[Step, ...] = (
-    Step(
+# ------------------------------------------------------------------------- RLU
+#: A dry run's RLU data: 1-channel digits at 16 px (LeNet-5's least), 12
+#: train and 6 test images per class.
+_RLU_TINY = (
+    "data.spec=digits",
+    "data.image_size=16",
+    "data.channels=1",
+    "data.max_per_class=12",
+    "data.test_max_per_class=6",
+    "data.cache_dir=null",
+    "aux_per_class=3",
+    "attack_clients=2",
+    "rlu.num_samples=128",
+    "device=cpu",
+)
+_RLU_PAPER_NOTE = "RLU Table 2, CIFAR-10, Dir(0.5), untrained models, iAcc (fraction)"
+
+
+def _rlu_step(which: str) -> Step:
+    """RLU (Chen & Vikalo) through ``benchmarks/repro_rlu.py`` at the paper's
+    models and batch sizes; the attacks' Monte Carlo is CPU-bound, so its
+    fixed cost is a guess from the cpu run (1,273 s for Table 2 on two loaded
+    cores, half the clients and 4,096 samples): the first GPU job measures it."""
+    table2 = which == "table2"
+    config = "configs/rlu_table2_gpu.yaml" if table2 else "configs/rlu_fig1_gpu.yaml"
+    tiny_extra = (
+        ("settings=[{model: lenet5, act: relu, batch_size: 8}]", "steps=[1,2]")
+        if table2
+        else (
+            "setting={model: lenet5, act: relu, batch_size: 8}",
+            "steps=2",
+            "rounds=2",
+            "eval_rounds=[0,1]",
+            "train_eval_size=20",
+        )
+    )
+    vgg = (4 * 10 * 11 * 64) if table2 else (100 * 10 * 10 * 64)  # image-steps of VGG-16
+    return Step(
+        name="rlu_t2" if table2 else "rlu_fig1",
+        section="rlu",
+        kind="script",
+        argv=("script", "benchmarks/repro_rlu.py", which, config, "threads=8", "out_dir={out}"),
+        tiny=(
+            "script",
+            "benchmarks/repro_rlu.py",
+            which,
+            config,
+            *_RLU_TINY,
+            *tiny_extra,
+            "out_dir={out}",
+        ),
+        work=Work(
+            {"resnet18_32": VGG16_PER_R18 * vgg, "decode": _CIFAR_ALL},
+            fixed_s=240.0,
+            note="the attacks' Monte Carlo (CPU): guessed, not measured",
+        ),
+        tiny_work=Work({"decode": 200.0}, fixed_s=5.0),
+        paper={
+            "rlu vgg16 relu B64 m1": 1.0,
+            "rlu vgg16 relu B64 m10": 0.946,
+            "rlu vgg16 elu B64 m1": 0.996,
+            "rlu vgg16 elu B64 m10": 0.923,
+        }
+        if table2
+        else {},
+        paper_note=_RLU_PAPER_NOTE
+        if table2
+        else "RLU Fig. 1, CIFAR-10, VGG-16, FedAvg 100 rounds, iAcc while the model trains",
+        scale_note="the paper's setting: full CIFAR-10, all 10 clients attacked, "
+        "100 auxiliary images per class, 10,000 samples",
+    )
+
+
+# ---------------------------------------------------------------- frozen encoder
+_CIFAR5_224 = 30_000  # classes 0-4 or 5-9 of CIFAR-10: 25,000 train + 5,000 test
+_FROZEN_IMAGES = 7_500  # classes 5-9 at 1,000 / 500 per class (falcon_label_gpu.yaml)
+
+
+def _pretrain_step() -> Step:
+    return Step(
         name="pretrain_vits16",
         section="pretrain",
         kind="pretrain",
         argv=(
             "pretrain",
             "configs/pretrain_cifar5_gpu.yaml",
+            UPSTREAM_DECODE,
             "--out",
             f"{{out}}/{ENCODER}",
             "--force",
             "--no-progress",
         ),
-        # 60 epochs of 25,000 images -> 1 epoch of 2,500 (x600)
-        calibrate=("train.epochs=1", "upstream.max_per_class=500", "probe_max_per_class=50"),
-        ratio=600.0,
         tiny=(
             "pretrain",
             "upstream.classes=[0,1,2,3,4]",
@@ -212,67 +368,153 @@ STEPS: tuple[Step, ...] = (
             "--force",
             "--no-progress",
         ),
+        # 60 epochs of 25,000 images; the probe's features; 30,000 images decoded
+        # and upsampled (measured on an H200: 5.1 s per epoch, 53 s of set-up)
+        work=Work(
+            {
+                "vits16_224": 60 * 25_000 + FORWARD * 30_000,
+                "decode": _CIFAR5_224,
+                "resize_224": _CIFAR5_224,
+            },
+            fixed_s=10.0,
+        ),
         paper_note="no paper number: the encoder the frozen-encoder rows use",
         scale_note="ViT-S/16 at 224 px, supervised, CIFAR-10 classes 0-4 (25,000 images)",
-        # 53 s of decoding, upsampling and set-up + 60 x 5.1 s per epoch (a 9- and a
-        # 30-epoch run: 5.6 and 5.1 s per epoch)
-        measured_s={"NVIDIA H200": 360.0},
-        measured_note="extrapolated from 9- and 30-epoch runs on an H200, 2026-11-25",
-    ),
-    Step(
-        name="frozen_closed_a0.1",
+    )
+
+
+def _frozen_step(
+    name: str,
+    methods: str,
+    paper: Mapping[str, float],
+    work: Work,
+    tiny_extra: tuple[str, ...] = (),
+    extra: tuple[str, ...] = (),
+) -> Step:
+    return Step(
+        name=name,
         section="frozen",
         kind="run",
-        argv=_osfl_run(
-            *_FROZEN_GPU,
-            "partition.alpha=0.1",
-            "methods=[fedpft,fedcgs,ghofl]",
-        ),
-        calibrate=("data.max_per_class=100", "data.options={test_max_per_class: 50}"),
-        ratio=10.0,
-        tiny=_osfl_run(
-            *_TINY_FROZEN,
-            "partition.alpha=0.1",
-            "methods=[fedpft,fedcgs,ghofl]",
-        ),
+        argv=_osfl_run(*_FROZEN_GPU, "partition.alpha=0.1", methods, *extra),
+        tiny=_osfl_run(*_TINY_FROZEN, "partition.alpha=0.1", methods, *tiny_extra),
+        work=work,
         needs=("pretrain_vits16",),
-        paper={"fedcgs": 81.53},
+        paper=paper,
         paper_note="FALCON Table 2, Tiny-ImageNet, α 0.1 (DINOv2-B at 448 px); no CIFAR row",
-        scale_note="CIFAR-10 classes 5-9 at 448 px (1,000 / 500 per class), ViT-S/16 at 224-px views",
-        measured_s={"NVIDIA H200": 70.0},
-        measured_note="measured on an H200, 2026-11-25 (decoding 15,000 images included)",
-    ),
-    Step(
-        name="falcon_a0.1",
-        section="frozen",
+        scale_note="substitutes: CIFAR-10 classes 5-9 at 448 px (1,000 / 500 per class) for "
+        "Tiny-ImageNet, the suite's ViT-S/16 at 224-px views for DINOv2-B",
+        row="falcon_t2_a0.1",
+    )
+
+
+_FROZEN_DATA = {"decode": _FROZEN_IMAGES, "resize_224": RESIZE_448 * _FROZEN_IMAGES}
+
+
+def _fedmitr_step() -> Step:
+    """FedMITR Table I at α 0.1: the clients fine-tune the suite's encoder
+    (no ImageNet DeiT-Tiny travels) on CIFAR-10 classes 5-9 at 224 px for 10
+    epochs, the server distils for 5 rounds of 100 inversion iterations of
+    batch 64 through the 10 teachers and the student."""
+    clients = 10 * 25_000
+    inversion = 5 * 100 * 64 * 11  # rounds x iterations x batch x (teachers + student)
+    return Step(
+        name="fedmitr_t1_a0.1_seed0",
+        section="fedmitr",
         kind="run",
         argv=_osfl_run(
-            *_FROZEN_GPU,
+            "configs/fedmitr_cifar10_gpu.yaml",
+            DOWNSTREAM,
+            DOWNSTREAM_DECODE,
+            _VITS,
+            "model.kwargs={pretrained: {encoder}}",
             "partition.alpha=0.1",
-            "methods=[falcon]",
+            "sweep=[]",
+            "seeds=[0]",
+            "methods=[fedavg,ensemble,adi,fedmitr]",
+            "train.epochs=10",
+            "method.fedmitr.epochs=5",
+            "method.adi.epochs=5",
         ),
-        # a tenth of the images and of every fit's epochs (x100)
-        calibrate=(
-            "data.max_per_class=100",
-            "data.options={test_max_per_class: 50}",
-            *_falcon_fit((40, 6, 6)),
-        ),
-        ratio=100.0,
         tiny=_osfl_run(
-            *_TINY_FROZEN,
+            "configs/fedmitr_cifar10_gpu.yaml",
+            *_TINY_RUN,
+            "data.classes=[5,6,7,8,9]",
+            *_TINY_VIT,
             "partition.alpha=0.1",
-            "methods=[falcon]",
-            "method.falcon.views={input_size: 8, window: 4, stride: 4}",
-            "method.falcon.generator_model={depth: 1, heads: 2, components: 2}",
-            *_falcon_fit((2, 2, 2)),
+            "sweep=[]",
+            "seeds=[0]",
+            "methods=[fedavg,fedmitr]",
+            "method.fedmitr.epochs=1",
+            "method.fedmitr.synthesis_batch_size=8",
+            "method.fedmitr.inversion.iterations=2",
+        ),
+        work=Work(
+            {
+                "vits16_224": clients + 2 * inversion + 4 * FORWARD * 5_000,
+                "decode": _CIFAR5_224,
+                "resize_224": _CIFAR5_224,
+            },
+            fixed_s=20.0,
         ),
         needs=("pretrain_vits16",),
-        paper={"falcon": 79.93},
-        paper_note="FALCON Table 2, Tiny-ImageNet, α 0.1 (DINOv2-B at 448 px); no CIFAR row",
-        scale_note="CIFAR-10 classes 5-9 at 448 px, ViT-S/16 at 224-px views (a global view + 2x2 regions)",
-    ),
-    *(_fafi_seed(s) for s in range(5)),
-    Step(
+        paper={"fedavg": 24.30, "adi": 33.77, "fedmitr": 36.97},
+        paper_note="FedMITR Table I, CIFAR-10, α 0.1 (10 clients, ImageNet DeiT-Tiny, 50 epochs)",
+        scale_note="substitutes: the suite's ViT-S/16 (CIFAR-10 classes 0-4) for ImageNet "
+        "DeiT-Tiny, classes 5-9; 10 local epochs, 5 server rounds (paper: 50, 20)",
+        row="fedmitr_t1_a0.1",
+    )
+
+
+def _eftvit_step(method: str) -> Step:
+    """EFTViT Table 1 at β 0.1, one method per step: 100 rounds (the
+    paper's), 10 of 100 clients per round, 2 local epochs of their 250
+    images, an evaluation of 5,000 test images every round."""
+    rounds = 100
+    per_round = 10 * 2 * 250 + FORWARD * 5_000
+    return Step(
+        name=f"eftvit_t1_b0.1_{method}",
+        section="eftvit",
+        kind="run",
+        argv=_osfl_run(
+            "configs/eftvit_cifar10_gpu.yaml",
+            DOWNSTREAM,
+            DOWNSTREAM_DECODE,
+            _VITS,
+            "model.kwargs={pretrained: {encoder}}",
+            "partition.alpha=0.1",
+            "sweep=[]",
+            f"methods=[{method}]",
+            f"method.{method}.rounds={rounds}",
+        ),
+        tiny=_osfl_run(
+            "configs/eftvit_cifar10_gpu.yaml",
+            *_TINY_RUN,
+            "data.classes=[5,6,7,8,9]",
+            "model.name=vit_tiny_patch2_16",
+            "model.kwargs={pretrained: {encoder}, img_size: 8, patch_size: 2, depth: 2, embed_dim: 32, num_heads: 2, in_chans: 1}",
+            "partition.alpha=0.1",
+            "sweep=[]",
+            f"methods=[{method}]",
+            f"method.{method}.rounds=2",
+            f"method.{method}.client_fraction=1.0",
+            *(("method.eftvit.local_depth=1",) if method == "eftvit" else ()),
+            "transform.train=none",
+        ),
+        work=Work(
+            {"vits16_224": rounds * per_round, "decode": _CIFAR5_224, "resize_224": _CIFAR5_224},
+            fixed_s=15.0,
+        ),
+        needs=("pretrain_vits16",),
+        paper={"fedhead": 92.27, "fedlora": 96.91, "eftvit": 98.12},
+        paper_note="EFTViT Table 1, CIFAR-10, β 0.1 (ViT-B/16 ImageNet-21k, 100 rounds)",
+        scale_note="substitutes: the suite's ViT-S/16 for ViT-B/16 ImageNet-21k (330 MiB, "
+        "over the 64 MiB carried), CIFAR-10 classes 5-9; the paper's 100 rounds",
+        row="eftvit_t1_b0.1",
+    )
+
+
+def _mfu_step() -> Step:
+    return Step(
         name="mfu_vitb16_bf16",
         section="mfu",
         kind="mfu",
@@ -290,8 +532,6 @@ STEPS: tuple[Step, ...] = (
             "--out",
             "{out}",
         ),
-        calibrate=("--steps", "3"),
-        ratio=10.0,
         tiny=(
             "suite",
             "mfu",
@@ -310,84 +550,90 @@ STEPS: tuple[Step, ...] = (
             "--out",
             "{out}",
         ),
+        work=Work({"vits16_224": VITB_PER_VITS * 128 * 34}, fixed_s=10.0),
+        tiny_work=Work({"vits16_224": 16.0}, fixed_s=1.0),
         paper={"mfu": 40.0},
         paper_note="the issue's target: at least 40 % of the GPU's dense bf16 peak",
         scale_note="ViT-B/16, 224 px, batch 128, bf16 autocast, forward + backward + AdamW",
-        measured_s={"NVIDIA H200": 15.0},
-        measured_note="measured on an H200, 2026-11-25",
+    )
+
+
+STEPS: tuple[Step, ...] = (
+    _fafi_step("salt", 0, epochs=50),
+    _fafi_step("salt", 0, epochs=100),
+    _fafi_step("ce", 0),
+    _fafi_step("salt", 0),
+    _rlu_step("table2"),
+    _rlu_step("fig1"),
+    _pretrain_step(),
+    _fedmitr_step(),
+    _frozen_step(
+        "frozen_closed_a0.1",
+        "methods=[fedpft,fedcgs,ghofl]",
+        {"fedpft": 59.40, "fedcgs": 81.53},
+        # features of 7,500 images at 224-px views; closed-form heads and
+        # FedPFT's mixtures (measured on an H200: 70 s, decoding included)
+        Work({"vits16_224": FORWARD * _FROZEN_IMAGES, **_FROZEN_DATA}, fixed_s=30.0),
     ),
-    Step(
-        name="eftvit_t1_b0.1",
-        section="eftvit",
-        kind="run",
-        argv=_osfl_run(
-            "configs/eftvit_cifar10_gpu.yaml",
-            DOWNSTREAM,
-            _VITS,
-            "model.kwargs={pretrained: {encoder}}",
-            "partition.alpha=0.1",
-            "sweep=[]",
-            "methods=[fedhead,fedlora,eftvit]",
-            "method.fedhead.rounds=30",
-            "method.fedlora.rounds=30",
-            "method.eftvit.rounds=30",
+    _frozen_step(
+        "falcon_a0.1",
+        "methods=[falcon]",
+        {"falcon": 79.93},
+        # five views of every image (global + 2x2 regions), then the three fits
+        Work(
+            {"vits16_224": 5 * FORWARD * _FROZEN_IMAGES, **_FROZEN_DATA},
+            fixed_s=180.0,
+            note="the three fits (generator, classifiers, server): guessed, not measured",
         ),
-        calibrate=("method.fedhead.rounds=3", "method.fedlora.rounds=3", "method.eftvit.rounds=3"),
-        ratio=10.0,
-        tiny=_osfl_run(
-            "configs/eftvit_cifar10_gpu.yaml",
-            *_TINY_RUN,
-            "data.classes=[5,6,7,8,9]",
-            "model.name=vit_tiny_patch2_16",
-            "model.kwargs={pretrained: {encoder}, img_size: 8, patch_size: 2, depth: 2, embed_dim: 32, num_heads: 2, in_chans: 1}",
-            "partition.alpha=0.1",
-            "sweep=[]",
-            "methods=[fedhead,eftvit]",
-            "method.fedhead.rounds=2",
-            "method.fedhead.client_fraction=1.0",
-            "method.eftvit.rounds=2",
-            "method.eftvit.client_fraction=1.0",
-            "method.eftvit.local_depth=1",
-            "transform.train=none",
-        ),
-        needs=("pretrain_vits16",),
-        paper={"fedhead": 92.27, "fedlora": 96.91, "eftvit": 98.12},
-        paper_note="EFTViT Table 1, CIFAR-10, β 0.1 (ViT-B/16 ImageNet-21k, 100 rounds)",
-        scale_note=(
-            "the suite's ViT-S/16 (ImageNet-21k weights do not fit the 64 MiB carried), "
-            "CIFAR-10 classes 5-9, 30 rounds"
+        tiny_extra=(
+            "method.falcon.views={input_size: 8, window: 4, stride: 4}",
+            "method.falcon.generator_model={depth: 1, heads: 2, components: 2}",
+            *_falcon_fit((2, 2, 2)),
         ),
     ),
+    *(_eftvit_step(m) for m in ("fedhead", "fedlora", "eftvit")),
+    _mfu_step(),
+    *(_fafi_step(kind, seed) for seed in (1, 2) for kind in ("ce", "salt")),
 )
 
 SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(s.section for s in STEPS))
 
 
-def select_steps(sections: Sequence[str], steps: Sequence[Step] = STEPS) -> list[Step]:
-    """The catalogue's steps of ``sections`` (every section when empty) and
-    the steps they need (the encoder), in the catalogue's order of value."""
+def select_steps(
+    sections: Sequence[str], steps: Sequence[Step] = STEPS, names: Sequence[str] = ()
+) -> list[Step]:
+    """The catalogue's steps of ``sections`` (every section when empty), or
+    the steps ``names`` (``--steps``), and the steps they need (the
+    encoder), in the catalogue's order of value."""
     unknown = sorted(set(sections) - {s.section for s in steps})
     if unknown:
-        raise ConfigError(
-            f"unknown suite section(s) {', '.join(unknown)}; valid: {', '.join(SECTIONS)}"
-        )
-    chosen = {s.name for s in steps if not sections or s.section in sections}
+        valid = ", ".join(dict.fromkeys(s.section for s in steps))
+        raise ConfigError(f"unknown suite section(s) {', '.join(unknown)}; valid: {valid}")
+    bad = sorted(set(names) - {s.name for s in steps})
+    if bad:
+        raise ConfigError(f"unknown suite step(s) {', '.join(bad)}; `osfl suite list` names them")
+    if names:
+        chosen = set(names)
+    else:
+        chosen = {s.name for s in steps if not sections or s.section in sections}
     chosen |= {n for s in steps if s.name in chosen for n in s.needs}
     return [s for s in steps if s.name in chosen]
 
 
 @dataclass
 class Planned:
-    """One step's place in the plan: its estimate, and what became of it."""
+    """One step's place in the plan: its estimate, and what became of it.
+
+    ``outputs``: relative path -> sha256 of the files a finished step's rows
+    are read from (``resume`` trusts "done" only while they still match)."""
 
     step: Step
-    calibration_s: float | None = None
     estimate_s: float | None = None
-    estimate_from: str = ""  # "calibration", or the measurement it came from
-    status: str = "pending"  # pending | planned | skipped | done | failed
+    status: str = "pending"  # pending | planned | skipped | done | failed | in_repo
     reason: str = ""
     seconds: float | None = None
     out: str | None = None
+    outputs: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -395,21 +641,41 @@ class Planned:
         return d
 
 
-def make_plan(planned: Sequence[Planned], budget_s: float) -> list[Planned]:
-    """Mark, in order of value, the calibrated steps whose estimates fit what
-    is left of ``budget_s`` as ``planned``; the others ``skipped`` with why
-    (a later, cheaper step may still fit where an earlier one did not). A
-    step whose ``needs`` are not planned is skipped too."""
+def make_plan(
+    planned: Sequence[Planned],
+    budget_s: float,
+    *,
+    cap_s: float = STEP_CAP_S,
+    forced: Sequence[str] = (),
+) -> list[Planned]:
+    """Mark, in order of value, the pending steps whose estimates fit what is
+    left of ``budget_s`` as ``planned``; the others ``skipped`` with why (a
+    later, cheaper step may still fit where an earlier one did not). A step
+    over ``cap_s`` never fits one command and is skipped whatever the budget;
+    a step whose ``needs`` are not planned is skipped too. A ``forced`` step
+    is planned whatever its estimate (``--steps``)."""
+    if not math.isfinite(budget_s):
+        raise ConfigError(f"the budget must be a finite number of seconds, got {budget_s}")
     left = budget_s
-    chosen = {p.step.name for p in planned if p.status == "done"}
+    chosen = {p.step.name for p in planned if p.status in ("done", "in_repo")}
     for p in planned:
         if p.status != "pending":
             continue
         missing = [n for n in p.step.needs if n not in chosen]
         if missing:
             p.status, p.reason = "skipped", f"needs {', '.join(missing)}, not planned"
+        elif p.step.name in forced:
+            p.status, p.reason = "planned", "forced (--steps)"
+            left -= p.estimate_s or 0.0
+            chosen.add(p.step.name)
         elif p.estimate_s is None:
             p.status, p.reason = "skipped", "no estimate"
+        elif p.estimate_s > cap_s:
+            p.status = "skipped"
+            p.reason = (
+                f"estimate {p.estimate_s:.0f} s > the {cap_s:.0f}-s cap of one step: "
+                "it cannot fit one command (split it, or force it with --steps)"
+            )
         elif p.estimate_s > left:
             p.status = "skipped"
             p.reason = f"estimate {p.estimate_s:.0f} s > {left:.0f} s left of the budget"

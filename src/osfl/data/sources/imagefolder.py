@@ -13,6 +13,14 @@ Files are decoded once with Pillow in a thread pool (Pillow releases the GIL
 while decoding) and the uint8 tensors cached as safetensors in ``cache_dir``,
 keyed by the directory, every file's name, size and mtime, and the options:
 a second load of 60,000 CIFAR-10 JPEGs reads one file instead of decoding.
+
+``imagefolder:<pack>.npz`` reads an image pack (``osfl suite pack``,
+:mod:`osfl.data.sources.pack`) as the folder it holds, from memory: the same
+listing, splits, subsets and arrays, nothing written back to disk. Two options
+serve a lent GPU's short jobs: ``classes`` decodes only those classes' images
+(the label space stays the folder's, so ``data.classes`` selects the same
+samples as from a full load) and ``resize`` upsamples with torch on the GPU
+(``auto``: when CUDA is available; Pillow otherwise, as before).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from osfl.data.classes import resolve_classes
 from osfl.data.imageset import DataSplits
 from osfl.data.sources.common import (
     balanced_subset,
@@ -42,6 +51,9 @@ from osfl.data.sources.common import (
     save_splits,
     stratified_split,
 )
+from osfl.data.sources.pack import Decoder, ImagePack, is_pack_file, open_pack, pack_decoder
+from osfl.data.sources.pack import resize_device as _resize_device
+from osfl.data.sources.pack import upsample as _upsample
 from osfl.data.sources.registry import register_dataset
 from osfl.errors import DataError
 
@@ -185,17 +197,53 @@ def _file_stats(root: Path, files: list[str]) -> list[tuple[str, int, int]]:
     return out
 
 
+def _pack_listing(pack: ImagePack) -> _Listing:
+    """What the folder unpacked from ``pack`` would list (:func:`_scan_split`)."""
+    by_dir: dict[tuple[str, str], list[str]] = {}
+    for rel in pack.paths():
+        part, c, f = rel.split("/")
+        if not c.startswith("."):
+            names = by_dir.setdefault((part, c), [])
+            if not f.startswith(".") and os.path.splitext(f)[1].lower() in IMAGE_EXTENSIONS:
+                names.append(f)
+    classes = tuple(sorted(c for part, c in by_dir if part == "train"))
+    extra = sorted({c for part, c in by_dir if part == "test"} - set(classes))
+    if extra:
+        raise DataError(f"{pack.path}: test has classes missing from train: {extra[:5]}")
+    files: list[str] = []
+    labels: list[int] = []
+    tests: list[bool] = []
+    for part in ("train", "test"):
+        for ci, c in enumerate(classes):
+            for f in sorted(by_dir.get((part, c), [])):
+                files.append(f"{part}/{c}/{f}")
+                labels.append(ci)
+                tests.append(part == "test")
+    return _Listing(files, np.asarray(labels, np.int64), None, np.asarray(tests), classes, ())
+
+
+def _folder_decoder(root: Path) -> Decoder:
+    return lambda rel, *a: decode_file(str(root / rel), *a)
+
+
 def _decode_all(
-    root: Path, files: list[str], mode: str, size: int | None, num_workers: int
+    root: Path,
+    files: list[str],
+    mode: str,
+    size: int | None,
+    num_workers: int,
+    decode: Decoder | None = None,
 ) -> torch.Tensor:
-    """Decode ``files`` into one uint8 N×C×H×W tensor, chunks in parallel threads."""
-    first = decode_file(str(root / files[0]), mode, size, None)
+    """Decode ``files`` into one uint8 N×C×H×W tensor, chunks in parallel threads
+    (``decode(rel, mode, size, expect)``: from a pack; default: the files under ``root``)."""
+    decode = decode or _folder_decoder(root)
+    first = decode(files[0], mode, size, None)
     expect = None if size is not None else (first.shape[1], first.shape[0])
     out = np.empty((len(files), *first.shape), dtype=np.uint8)
 
     def work(start: int) -> None:
         for i in range(start, min(start + _CHUNK, len(files))):
-            out[i] = decode_file(str(root / files[i]), mode, size, expect)
+            out[i] = decode(files[i], mode, size, expect)
 
     starts = range(0, len(files), _CHUNK)
     if num_workers <= 1:
@@ -205,6 +253,30 @@ def _decode_all(
         with ThreadPoolExecutor(max_workers=num_workers) as pool:
             list(pool.map(work, starts))  # list() re-raises the first worker error
     return torch.from_numpy(out).permute(0, 3, 1, 2).contiguous()
+
+
+def _decode_images(
+    root: Path,
+    files: list[str],
+    mode: str,
+    size: int | None,
+    workers: int,
+    decode: Decoder,
+    device: torch.device | None,
+) -> torch.Tensor:
+    """:func:`_decode_all`, with an upsample done by torch on ``device`` when
+    one is given (files decoded at their own size, all of one size); Pillow
+    resizes otherwise, as before."""
+    if device is not None and size is not None:
+        h, w, _ = decode(files[0], mode, None, None).shape
+        if h <= size and w <= size:  # an upsample: torch on the device
+            try:
+                native = _decode_all(root, files, mode, None, workers, decode)
+            except DataError:  # sizes differ: Pillow below resizes each, as before
+                native = None
+            if native is not None:
+                return _upsample(native, size, device)
+    return _decode_all(root, files, mode, size, workers, decode)
 
 
 @register_dataset("imagefolder")
@@ -219,15 +291,21 @@ def load_imagefolder(
     seed: int = 0,
     cache_dir: str | os.PathLike[str] | None = None,
     num_workers: int | None = None,
+    classes: list[str | int] | None = None,
+    resize: str = "auto",
 ) -> DataSplits:
-    """Load an image-folder tree (see the module docstring for the layouts).
+    """Load an image-folder tree (see the module docstring for the layouts),
+    or the pack file of one.
 
     ``image_size`` resizes every image to a square (required unless all files
     share one size); ``max_per_class`` / ``test_max_per_class`` keep a seeded,
     class-balanced subset (spread over domains) and only those files are
-    decoded; ``test_fraction`` is used where the tree has no train/test split.
+    decoded; ``test_fraction`` is used where the tree has no train/test split;
+    ``classes`` (names or indices) decodes only those classes' samples of
+    that subset; ``resize`` (auto, pillow, torch) says where images are upsampled.
     """
-    root = check_dir(path, "imagefolder").resolve()
+    pack = open_pack(path) if is_pack_file(path) else None
+    root = pack.path.resolve() if pack else check_dir(path, "imagefolder").resolve()
     image_size = check_positive_int("image_size", image_size)
     channels = check_channels(channels)
     test_fraction = check_fraction("test_fraction", test_fraction)
@@ -235,8 +313,14 @@ def load_imagefolder(
     test_max_per_class = check_positive_int("test_max_per_class", test_max_per_class)
     seed = check_seed(seed)
     workers = check_positive_int("num_workers", num_workers) or min(8, os.cpu_count() or 1)
+    if pack is not None and num_workers is None:
+        workers = os.cpu_count() or 1  # from memory: every core decodes
+    on_device = _resize_device(resize)  # checked even where nothing is resized
+    on_device = on_device if image_size is not None else None
 
-    listing = _scan(root)
+    listing = _pack_listing(pack) if pack else _scan(root)
+    if pack is not None:
+        _check_listing(root, listing)
     options = {
         "image_size": image_size,
         "channels": channels,
@@ -245,10 +329,20 @@ def load_imagefolder(
         "test_max_per_class": test_max_per_class,
         "seed": seed,
     }
+    wanted = None
+    if classes is not None:
+        if isinstance(classes, (str, int)):
+            raise DataError(f"classes must be a list of class names or indices, got {classes!r}")
+        wanted = resolve_classes(list(classes), listing.classes, f"imagefolder:{path}")
+        options["classes"] = sorted(wanted)
+    if on_device is not None:
+        options["resize"] = "torch"
+    name = pack.name if pack else root.name
     cache_file = None
     if cache_dir is not None:
-        key = cache_key({"root": str(root), "files": _file_stats(root, listing.files), **options})
-        cache_file = Path(cache_dir).expanduser() / f"imagefolder-{root.name}-{key}.safetensors"
+        content = {"pack": pack.digest} if pack else {"files": _file_stats(root, listing.files)}
+        key = cache_key({"root": str(root), **content, **options})
+        cache_file = Path(cache_dir).expanduser() / f"imagefolder-{name}-{key}.safetensors"
         if cache_file.is_file() and (cached := load_splits(cache_file)) is not None:
             log.info("loaded decoded %s from cache %s", root, cache_file)
             return cached
@@ -269,9 +363,13 @@ def load_imagefolder(
             listing.labels[test_idx], test_max_per_class, seed * 2 + 1, strata[test_idx]
         )
     ]
+    if wanted is not None:  # after the subsets: the same samples as a full load keeps
+        train_idx = train_idx[np.isin(listing.labels[train_idx], wanted)]
+        test_idx = test_idx[np.isin(listing.labels[test_idx], wanted)]
 
     mode = "RGB" if channels == 3 else "L"
     t0 = time.perf_counter()
+    decode = pack_decoder(pack) if pack else _folder_decoder(root)
 
     def part(idx: np.ndarray, which: str):
         if len(idx) == 0:
@@ -280,12 +378,14 @@ def load_imagefolder(
                 f"raise test_fraction or the per-class caps"
             )
         return make_imageset(
-            _decode_all(root, [listing.files[i] for i in idx], mode, image_size, workers),
+            _decode_images(
+                root, [listing.files[i] for i in idx], mode, image_size, workers, decode, on_device
+            ),
             listing.labels[idx],
             listing.classes,
             domains=None if listing.domains is None else listing.domains[idx],
             domain_names=listing.domain_names,
-            name=root.name,
+            name=name,
         )
 
     splits = DataSplits(part(train_idx, "train"), part(test_idx, "test"))

@@ -14,8 +14,10 @@ its kernels; uploads are aggregated in client order).
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -38,6 +40,8 @@ if TYPE_CHECKING:
     from osfl.data.imageset import ImageSet
     from osfl.fl.context import RunContext
     from osfl.fl.method import Method
+
+log = logging.getLogger(__name__)
 
 
 class InProcessClients(ClientTransport):
@@ -92,15 +96,27 @@ class InProcessClients(ClientTransport):
         self, round: int, clients: list[int], payload: bytes, task: ProgressTask
     ) -> dict[int, ClientTurn]:
         self.train_together(round, clients, payload)
-        futures = (
-            {c: self.pool.submit(self.turn, c, round, payload) for c in clients}
-            if self.pool
-            else {}
-        )
+        gate = ClientGate()
+
+        def gated_turn(c: int) -> ClientTurn:
+            if not gate.enter(c):
+                raise CancelledError  # the round stopped before this client started
+            try:
+                return self.turn(c, round, payload)
+            except BaseException:
+                gate.stop()  # before this future completes: no later client starts
+                raise
+
+        futures = {c: self.pool.submit(gated_turn, c) for c in clients} if self.pool else {}
         turns: dict[int, ClientTurn] = {}
-        for c in clients:  # collected in client order: the aggregation order is fixed
-            turns[c] = futures[c].result() if self.pool else self.turn(c, round, payload)
-            task.advance()
+        try:
+            for c in clients:  # collected in client order: the aggregation order is fixed
+                turns[c] = futures[c].result() if self.pool else self.turn(c, round, payload)
+                task.advance()
+        except BaseException as e:  # ^C (KeyboardInterrupt) or a bug: start no further client
+            if futures:
+                cancel_queued(gate, futures, round, interrupted=isinstance(e, KeyboardInterrupt))
+            raise
         return turns
 
     def client_states(self) -> dict[int, ClientState]:
@@ -183,7 +199,67 @@ class SimulationRuntime:
             return loop.execute()
         finally:
             if pool is not None:
-                pool.shutdown()
+                # cancel_futures: after ^C, never start a queued client (exchange
+                # already cancelled its round's; this is the backstop)
+                pool.shutdown(cancel_futures=True)
+
+
+class ClientGate:
+    """Which client jobs of a round started; once stopped, none starts.
+
+    ``Future.cancel`` alone leaves a race: a worker that finishes (or fails)
+    takes the next queued job before the main thread, woken by that very
+    result, can cancel it. Every job passes :meth:`enter` first, and a job
+    that fails stops the gate before its future completes, so after a
+    failure or ^C no further client starts."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._stopped = False
+        self._started: set[int] = set()
+
+    def enter(self, client: int) -> bool:
+        """Whether ``client``'s job may start (it is then counted as started)."""
+        with self._lock:
+            if self._stopped:
+                return False
+            self._started.add(client)
+            return True
+
+    def stop(self) -> frozenset[int]:
+        """Let no further job start; returns the clients that did start."""
+        with self._lock:
+            self._stopped = True
+            return frozenset(self._started)
+
+
+def cancel_queued(
+    gate: ClientGate,
+    futures: Mapping[int, Future[ClientTurn]],
+    round: int,
+    *,
+    interrupted: bool = True,
+) -> list[int]:
+    """Stop ``round``'s (0-based) client jobs not yet started and say so in one
+    line; returns their client ids. A thread cannot be stopped, so the running
+    ones finish first; their turns are discarded, and the run resumes
+    (``osfl run --resume``) from the last checkpoint, which a cancelled client
+    never touched. Without this, ``pool.shutdown()`` would start and wait
+    for every queued client after ^C."""
+    started = gate.stop()
+    for f in futures.values():
+        f.cancel()  # spares the pool dequeuing them (the gate already stops them)
+    cancelled = sorted(c for c in futures if c not in started)
+    running = sorted(c for c in started if not futures[c].done())
+    if cancelled or running:
+        log.warning(
+            "%s in round %d: %d client job(s) not yet started cancelled%s",
+            "interrupted" if interrupted else "stopped",
+            round + 1,  # as the progress display counts
+            len(cancelled),
+            f", waiting for the {len(running)} running" if running else "",
+        )
+    return cancelled
 
 
 def run_simulation(

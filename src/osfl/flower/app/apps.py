@@ -165,6 +165,17 @@ def _site_plan(cfg: Any, name: str, seed: int, spec: JobSpec, runtime: Any) -> P
     return Plan(cfg, None, runtime, [(assembly.SeedContext(None, None, job.run), [job])])
 
 
+class _NoStopEcho(logging.Filter):
+    """Drops the run directory's "run stopped: ..." line from the ServerApp's
+    stream: Flower logs the ServerApp's exception itself (one line for an
+    osfl error, :class:`~osfl.flower.grid.OneLineOsflErrors`) and ``osfl flower
+    run`` ends with the run's status, so a refused site's reason would be
+    printed three times. The line stays in the run directory's ``run.log``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.name == "osfl.rundir" and str(record.msg).startswith("run stopped"))
+
+
 def _log_to_flower() -> None:
     """osfl's INFO lines (each method's accuracy, the run directory) on the
     ServerApp's stderr, which ``flwr run --stream`` shows; unless the process
@@ -173,6 +184,7 @@ def _log_to_flower() -> None:
     if not logger.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("osfl: %(message)s"))
+        handler.addFilter(_NoStopEcho())
         logger.addHandler(handler)
         logger.setLevel(logging.INFO)
 

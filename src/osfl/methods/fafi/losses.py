@@ -37,6 +37,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from osfl.data.transforms import device_path
 from osfl.errors import ConfigError
 
 DENOMINATORS = ("negatives", "all")
@@ -53,11 +54,23 @@ def _masked_mean_nll(logits: torch.Tensor, pos: torch.Tensor, den: torch.Tensor)
 
     ``pos`` / ``den`` are boolean masks the shape of ``logits``; rows lacking a
     positive or a denominator term are left out of the mean.
+
+    On the CPU the rows are selected by boolean indexing, as always (the same
+    bits as before). On the device path
+    (:func:`osfl.data.transforms.device_path`) the mean is a masked sum over a
+    count, with no ``bool(...)`` and no boolean index: each would copy a value
+    to the host and wait for the GPU (twice per SALT step each). Same value up
+    to the order of the sum; a batch with no valid row still gives a zero that
+    carries the graph.
     """
     neg_inf = torch.finfo(logits.dtype).min
     lse = torch.logsumexp(logits.masked_fill(~den, neg_inf), dim=1)
     n_pos = pos.sum(1)
     valid = (n_pos > 0) & den.any(1)
+    if device_path(logits.device):
+        pos_logit = (logits * pos).sum(1) / n_pos.clamp(min=1)
+        kept = torch.where(valid, lse - pos_logit, 0.0)
+        return kept.sum() / valid.sum().clamp(min=1)
     if not bool(valid.any()):
         return logits.sum() * 0.0
     pos_logit = (logits * pos).sum(1) / n_pos.clamp(min=1)

@@ -1,0 +1,144 @@
+"""How much the CPU's kernel path moves a number (issue "The README's two
+commands pass on any clean machine").
+
+One machine reaches several of the kernel paths other machines take by
+capping the libraries before torch loads: ``ONEDNN_MAX_CPU_ISA`` (oneDNN's
+convolutions), ``ATEN_CPU_CAPABILITY`` (ATen's vectorised kernels),
+``MKL_CBWR`` (MKL's GEMM branch). :data:`LEVELS` names the ones this script
+runs; each gives another CPU fingerprint (``osfl.fl.fingerprint``).
+
+Two modes::
+
+    # an osfl command ({out} is a fresh directory per level): every record's
+    # accuracy per level and each method's spread (max - min) over the levels
+    python benchmarks/kernel_spread.py run --levels native,avx2,sse41 -- \\
+        osfl run --no-progress --out {out} cache_dir=null
+
+    # the documented blocks: scripts/check_docs.py under each level, every
+    # number that moved against the docs (the docs' tolerances come from this)
+    python benchmarks/kernel_spread.py docs --levels avx2,sse41 README.md -k default
+
+``--json FILE`` keeps the per-level values (``reproduction/kernel_spread_*.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: Kernel paths one x86-64 machine with AVX-512 can reach, by the variables
+#: that cap them (each is read before torch's first op).
+LEVELS: dict[str, dict[str, str]] = {
+    "native": {},
+    "onednn-avx512_core": {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
+    "onednn-avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
+    "sse41": {"ONEDNN_MAX_CPU_ISA": "SSE41", "ATEN_CPU_CAPABILITY": "default"},
+    "mkl-compatible": {"MKL_CBWR": "COMPATIBLE"},
+}
+
+
+def _env(level: str) -> dict[str, str]:
+    if level not in LEVELS:
+        raise SystemExit(f"unknown level {level!r}; known: {', '.join(LEVELS)}")
+    env = {k: v for k, v in os.environ.items() if k not in {k for e in LEVELS.values() for k in e}}
+    return {**env, **LEVELS[level], "COLUMNS": "160"}
+
+
+def accuracies(metrics: Path) -> dict[str, list[float]]:
+    """``point/method`` → the records' accuracies (%) in seed order."""
+    doc = json.loads(metrics.read_text())
+    out: dict[str, list[float]] = {}
+    for r in sorted(doc["records"], key=lambda r: r["seed"]):
+        if r.get("global_test_accuracy") is None:
+            continue
+        key = f"{r.get('point') or ''}/{r['method']}".lstrip("/")
+        out.setdefault(key, []).append(round(100 * r["global_test_accuracy"], 2))
+    return out
+
+
+def run_mode(levels: list[str], command: list[str]) -> dict[str, dict[str, list[float]]]:
+    """Each level's accuracies for ``command`` (``{out}`` replaced)."""
+    found = {}
+    for level in levels:
+        with tempfile.TemporaryDirectory(prefix="spread-") as tmp:
+            argv = [a.replace("{out}", f"{tmp}/run") for a in command]
+            proc = subprocess.run(argv, env=_env(level), cwd=ROOT, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise SystemExit(f"{level}: {' '.join(argv)} failed:\n{proc.stderr[-2000:]}")
+            found[level] = accuracies(Path(tmp) / "run" / "metrics.json")
+        print(level, json.dumps(found[level]), flush=True)
+    return found
+
+
+def spread_table(found: dict[str, dict[str, list[float]]]) -> str:
+    """Markdown: per row, the mean over seeds at each level and max - min."""
+    levels = list(found)
+    rows = sorted({k for v in found.values() for k in v})
+    lines = [
+        "| row | " + " | ".join(levels) + " | spread |",
+        "|---|" + "---:|" * (len(levels) + 1),
+    ]
+    for row in rows:
+        means = [statistics.mean(found[lv][row]) for lv in levels if row in found[lv]]
+        cells = [
+            f"{statistics.mean(found[lv][row]):.2f}" if row in found[lv] else "" for lv in levels
+        ]
+        lines.append(f"| {row} | " + " | ".join(cells) + f" | {max(means) - min(means):.2f} |")
+    return "\n".join(lines)
+
+
+_MOVE = re.compile(r"^\s+(.*): (\S+) -> (\S+)$")
+
+
+def docs_mode(levels: list[str], files: list[str], keyword: str | None) -> dict[str, list[str]]:
+    """Every documented number that moved, per level (scripts/check_docs.py
+    with a tolerance wide enough to print them all)."""
+    found = {}
+    for level in levels:
+        argv = [sys.executable, "scripts/check_docs.py", *files, "--tolerance", "1000"]
+        argv += ["-k", keyword] if keyword else []
+        proc = subprocess.run(argv, env=_env(level), cwd=ROOT, capture_output=True, text=True)
+        found[level] = [line.strip() for line in proc.stdout.splitlines() if _MOVE.match(line)]
+        print(f"## {level} (exit {proc.returncode})\n{proc.stdout}", flush=True)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("mode", choices=["run", "docs"])
+    p.add_argument("--levels", default=",".join(LEVELS), help="comma-separated, from LEVELS")
+    p.add_argument("--json", help="write the per-level values here")
+    p.add_argument("-k", dest="keyword", help="docs mode: only blocks whose command has this")
+    p.add_argument("rest", nargs="*", help="run: -- COMMAND; docs: FILES")
+    args = p.parse_intermixed_args(argv)
+    levels = [lv for lv in args.levels.split(",") if lv]
+    rest = args.rest
+    if args.mode == "run":
+        if not rest:
+            raise SystemExit("run mode needs -- COMMAND (with {out})")
+        found = run_mode(levels, rest)
+        print(spread_table(found))
+        result = {"command": " ".join(rest), "levels": LEVELS, "accuracy": found}
+    else:
+        result = {
+            "files": rest,
+            "keyword": args.keyword,
+            "moved": docs_mode(levels, rest, args.keyword),
+        }
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
