@@ -131,3 +131,17 @@ def one_torch_thread() -> Any:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def exit_2(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
+    """The one line ``osfl ARGV`` refuses with (exit 2): whatever a refusal
+    says, it says it in one line, never a traceback."""
+    from osfl.cli import main
+
+    capsys.readouterr()  # what earlier runs in the test logged
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    return err[0]

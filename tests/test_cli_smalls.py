@@ -15,25 +15,15 @@ from osfl.config import load_config
 from osfl.errors import ConfigError
 from osfl.experiment import run_experiment
 from osfl.fl.progress import Progress, ProgressTask
-from smoke import tiny_cli_args
-
-
-def _one_error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    capsys.readouterr()
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    return err[0]
+from smoke import exit_2, tiny_cli_args
 
 
 def test_a_sweep_split_at_a_space_says_so_with_the_command_that_works(capsys) -> None:
-    line = _one_error_line(capsys, ["run", "--sweep", "partition.alpha=0.1,", "1.0"])
+    line = exit_2(capsys, ["run", "--sweep", "partition.alpha=0.1,", "1.0"])
     assert "config file not found" not in line
     assert "split its values at a space" in line and "'1.0' was taken for a config file" in line
     assert "--sweep partition.alpha=0.1,1.0" in line
-    line = _one_error_line(capsys, ["run", "--sweep", "methods=fedavg,", "local"])
+    line = exit_2(capsys, ["run", "--sweep", "methods=fedavg,", "local"])
     assert "--sweep methods=fedavg,local" in line
 
 
@@ -45,7 +35,7 @@ def test_a_yaml_syntax_error_keeps_its_line_and_column(tmp_path: Path, capsys) -
     text = str(info.value)
     assert "line 4, column 8" in text and "did not find expected ',' or ']'" in text
     assert "flow sequence at line 3, column 7" in text and "\n" not in text
-    line = _one_error_line(capsys, ["run", str(bad)])
+    line = exit_2(capsys, ["run", str(bad)])
     assert line.startswith(f"osfl: error: cannot parse {bad}, line 4, column 8: ")
 
 
@@ -60,7 +50,7 @@ def test_a_resume_may_differ_in_the_progress_display_only(tmp_path: Path, capsys
     (out / "metrics.json").write_text(json.dumps(doc))
     assert main(["run", "--resume", str(out), "--no-progress"]) == 0
     assert len(json.loads((out / "metrics.json").read_text())["records"]) == 2
-    line = _one_error_line(capsys, ["run", "--resume", str(out), "train.epochs=3"])
+    line = exit_2(capsys, ["run", "--resume", str(out), "train.epochs=3"])
     assert "train.epochs (3 here, 1 in the run)" in line and "progress" not in line
 
 

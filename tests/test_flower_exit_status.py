@@ -85,6 +85,60 @@ def test_status_of_a_run_directory(tmp_path: Path) -> None:
     assert code == 2 and err.count("osfl: error:") == 1
 
 
+def test_status_judges_the_last_attempt_of_a_resumed_run(tmp_path: Path) -> None:
+    """Issue #43: a first attempt that failed, then ``osfl run --resume`` to
+    the end (it appends to the same events.jsonl): finished, exit 0; the
+    reverse order (a finished attempt, then one that failed) is a failure."""
+    out = tmp_path / "run"
+    args = ["run", *TINY, "methods=[fedavg]", "--out", str(out), "--no-progress"]
+    assert cli(args)[0] == 0
+    log = out / "events.jsonl"
+    finished = log.read_text()
+    failed = '{"event": "run_start"}\n{"event": "run_failed", "error": "KeyboardInterrupt", "reason": ""}\n'
+    log.write_text(failed + finished)  # an interrupted attempt, then a resumed one
+    code, stdout, err = cli(["flower", "status", str(out)])
+    assert code == 0 and "finished (1 record)" in stdout, err
+    log.write_text(finished + failed)
+    code, _, err = cli(["flower", "status", str(out)])
+    assert code == 1 and "KeyboardInterrupt" in err
+
+
+def test_status_needs_a_record_and_a_readable_log(tmp_path: Path) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "events.jsonl").write_text('{"event": "run_start"}\n{"event": "run_end"}\n')
+    code, _, err = cli(["flower", "status", str(run)])
+    assert code == 1 and "left no record" in err
+    (run / "events.jsonl").write_text('{"event": "run_end"}\n')  # no attempt started
+    code, _, err = cli(["flower", "status", str(run)])
+    assert code == 2 and "no run_start" in err and err.count("\n") == 1
+    (run / "events.jsonl").write_bytes(b'{"event": "run_start"}\n\xff\xfe\n')
+    code, _, err = cli(["flower", "status", str(run)])
+    assert code == 2 and "not UTF-8" in err and "Traceback" not in err
+
+
+def test_a_resumed_osfl_run_after_an_interrupt_is_finished(tmp_path: Path, monkeypatch) -> None:
+    """The issue's sequence end to end: an interrupt (events: run_start,
+    run_failed KeyboardInterrupt), ``osfl run --resume DIR`` to the end, then
+    ``osfl flower status DIR``: finished, exit 0."""
+    import osfl.runner
+
+    out = tmp_path / "run"
+    args = ["run", *TINY, "methods=[local,fedavg]", "--out", str(out), "--no-progress"]
+
+    def interrupted(*a, **k):  # the first attempt is stopped as by Ctrl-C
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(osfl.runner, "execute_plan", interrupted)
+    assert cli(args)[0] == 130
+    monkeypatch.undo()
+    assert cli(["flower", "status", str(out)])[0] == 1
+    code, _, err = cli(["run", "--resume", str(out), "--no-progress"])
+    assert code == 0, err
+    code, stdout, err = cli(["flower", "status", str(out)])
+    assert code == 0 and "finished (2 records)" in stdout, err
+
+
 @pytest.mark.slow
 def test_a_failed_flower_run_exits_1_with_one_error_line(tmp_path: Path) -> None:
     """A real SuperLink and two SuperNodes; the ServerApp refuses an out-dir

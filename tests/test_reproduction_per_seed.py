@@ -28,7 +28,9 @@ PRINTED = [
 def seed_groups(tree: Any) -> Iterator[list[float]]:
     """Each mapping of seed number -> accuracy with two or more seeds."""
     if isinstance(tree, dict):
-        if len(tree) > 1 and all(k.isdigit() and isinstance(v, int | float) for k, v in tree.items()):
+        if len(tree) > 1 and all(
+            k.isdigit() and isinstance(v, int | float) for k, v in tree.items()
+        ):
             yield [float(v) for v in tree.values()]
             return
         for v in tree.values():
@@ -96,6 +98,25 @@ def test_every_section_has_a_rerun_status_row() -> None:
     rows = [line.split(" | ")[0].removeprefix("| ") for line in table.splitlines()
             if line.startswith("| ") and not line.startswith("| section")]  # fmt: skip
     assert rows == sections[1:]
+
+
+def test_every_section_names_its_machine() -> None:
+    """Issue "The README's two commands pass on any clean machine": each
+    section's row names the CPU fingerprint its numbers were made on, or says
+    that none was recorded; the page's intro names every fingerprint it uses."""
+    table = PAGE.split("## Re-run status", 1)[1].split("\n## ", 1)[0]
+    rows = [
+        line.split(" | ")
+        for line in table.splitlines()
+        if line.startswith("| ") and not line.startswith("| section")
+    ]
+    assert rows, "no Re-run status rows"
+    intro = PAGE.split("## Re-run status", 1)[0]
+    for cells in rows:
+        machine = cells[1]
+        ids = re.findall(r"`([0-9a-f]{12})`", machine)
+        assert ids or "not re-run on a fingerprinted machine" in machine, cells[0]
+        assert all(i in intro for i in ids), (cells[0], ids)
 
 
 #: Words that mark a printed mean ± std as someone else's or an earlier run's

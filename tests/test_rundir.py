@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from osfl.cli import main
-from smoke import tiny_cli_args
+from smoke import exit_2, tiny_cli_args
 
 
 def tiny(tmp_path: Path) -> list[str]:
@@ -24,16 +24,6 @@ def records(out: Path) -> list[dict]:
 
 def events(out: Path) -> list[dict]:
     return [json.loads(x) for x in (out / "events.jsonl").read_text().splitlines()]
-
-
-def exit_2(capsys, argv: list[str]) -> str:
-    capsys.readouterr()  # what earlier runs in the test logged
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    return err[0]
 
 
 def test_existing_run_is_refused_untouched(tmp_path, capsys) -> None:

@@ -29,18 +29,11 @@ from osfl.data import load_data
 from osfl.errors import ConfigError, DataError
 from osfl.pretrain.config import load_pretrain_config
 from osfl.suite import mfu
+from osfl.suite.catalogue import STEPS
 from osfl.suite.execute import SuiteRequest, run_suite, with_overrides
 from osfl.suite.pack import pack, read_manifest, unpack_imagefolder
-from osfl.suite.plan import (
-    MARGIN,
-    STEP_CAP_S,
-    STEPS,
-    Planned,
-    Step,
-    Work,
-    make_plan,
-    select_steps,
-)
+from osfl.suite.plan import Planned, make_plan, select_steps
+from osfl.suite.steps import MARGIN, STEP_CAP_S, Step, Work
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -20,7 +20,7 @@ from osfl.errors import DataError
 from osfl.suite.bundle import BUNDLE_FILES, FILE_LIMIT, make_archive, read_bundle, write_bundle
 from osfl.suite.execute import SuiteRequest, rows_in_repo, run_suite
 from osfl.suite.importer import import_bundle
-from osfl.suite.plan import Step, Work
+from osfl.suite.steps import Step, Work
 
 RATES = {"decode": 1.0, "startup_s": 0.0, "resnet18_32": 1.0, "vits16_224": 1.0, "resize_224": 1.0}
 PROVENANCE = {"gpu": "NVIDIA H100 80GB HBM3", "cuda_driver": "580.1", "cuda": "13.0",
@@ -314,8 +314,8 @@ def test_import_refuses_a_dry_run_and_a_damaged_bundle(tmp_path: Path, capsys) -
 def test_the_rlu_scripts_records_become_rows_with_the_papers_numbers(tmp_path: Path) -> None:
     """A ``script`` step's rows: one per attack and setting, iAcc as a
     fraction, the paper's number where the paper has that setting."""
-    from osfl.suite.execute import step_rows
-    from osfl.suite.plan import STEPS as CATALOGUE
+    from osfl.suite.catalogue import STEPS as CATALOGUE
+    from osfl.suite.rows import step_rows
 
     t2 = next(s for s in CATALOGUE if s.name == "rlu_t2")
     out = tmp_path / "t2"

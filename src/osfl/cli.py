@@ -504,7 +504,9 @@ def cmd_suite(args: argparse.Namespace) -> int:
         for section, n in counts.items():
             print(f"{section}: {n} row(s) -> reproduction/gpu_suite_{section}.json")
         return 0
-    from osfl.suite.plan import STEPS, command_text, select_steps
+    from osfl.suite.catalogue import STEPS
+    from osfl.suite.plan import select_steps
+    from osfl.suite.steps import command_text
 
     sections = [s for s in (args.sections or "").split(",") if s]
     if args.suite_command == "list":

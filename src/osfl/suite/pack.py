@@ -60,7 +60,8 @@ LENT_PYTHON = "3.12"
 _LENT_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """A file's sha256, read in 1 MiB chunks (packs and step outputs are large)."""
     h = hashlib.sha256()
     with path.open("rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
@@ -120,7 +121,7 @@ def pack_imagefolder(root: str | os.PathLike[str], out: str | os.PathLike[str], 
 
 
 def _file_entry(path: Path) -> dict[str, Any]:
-    return {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    return {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def packed_imagefolder(pack_dir: str | os.PathLike[str]) -> Path | None:
@@ -146,7 +147,7 @@ def unpack_imagefolder(pack: str | os.PathLike[str], dest: str | os.PathLike[str
     ``.packed-sha256`` stamp names the pack it came from) and return ``dest``;
     every file is checked against the sha256 the packer wrote."""
     pack, dest = Path(pack), Path(dest)
-    digest = _sha256(pack)
+    digest = sha256_file(pack)
     stamp = dest / ".packed-sha256"
     if stamp.is_file() and stamp.read_text().strip() == digest:
         return dest
@@ -300,6 +301,6 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
         f = folder / name
         if ".." in Path(name).parts or Path(name).is_absolute():
             raise DataError(f"{path} names a file outside the pack ({name[:80]!r})")
-        if not f.is_file() or f.stat().st_size != size or _sha256(f) != sha:
+        if not f.is_file() or f.stat().st_size != size or sha256_file(f) != sha:
             raise DataError(f"{f} is missing or differs from {path}: re-run `osfl suite pack`")
     return manifest

@@ -16,7 +16,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -225,14 +225,23 @@ def subset_splits(
 def decode_file(
     path: str, mode: str, size: int | None, expect: tuple[int, int] | None
 ) -> np.ndarray:
-    """One image file -> H×W×C uint8 array (mode "RGB" or "L").
+    """One image file -> H×W×C uint8 array (mode "RGB" or "L"): :func:`decode_image`."""
+    return decode_image(path, path, mode, size, expect)
+
+
+def decode_image(
+    source: str | IO[bytes], name: str, mode: str, size: int | None, expect: tuple[int, int] | None
+) -> np.ndarray:
+    """One image (a path, or a file's bytes as a stream: a pack's) -> H×W×C
+    uint8 array (mode "RGB" or "L"), by the same steps either way, so a file
+    gives the same array from the disk and from a pack.
 
     ``size`` resizes to size×size (antialiased bilinear; JPEG ``draft`` first
     so that big photos are decoded at a reduced scale, which is much faster);
     without it the image must be ``expect`` = (width, height).
     """
     try:
-        with Image.open(path) as im:
+        with Image.open(source) as im:
             if size is not None:
                 im.draft(mode, (size, size))
             im = im.convert(mode)
@@ -241,14 +250,14 @@ def decode_file(
                     im = im.resize((size, size), Image.Resampling.BILINEAR)
             elif expect is not None and im.size != expect:
                 raise DataError(
-                    f"images differ in size ({path!r} is {im.size[0]}×{im.size[1]}, others "
+                    f"images differ in size ({name!r} is {im.size[0]}×{im.size[1]}, others "
                     f"{expect[0]}×{expect[1]}); pass image_size=<pixels> to resize them all"
                 )
             arr = np.asarray(im, dtype=np.uint8)
     except DataError:
         raise
     except (OSError, ValueError, Image.DecompressionBombError) as e:
-        raise DataError(f"cannot decode image {path!r}: {e}") from e
+        raise DataError(f"cannot decode image {name!r}: {e}") from e
     return arr[:, :, None] if arr.ndim == 2 else arr
 
 

@@ -44,8 +44,8 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 
+from osfl.data.sources.common import decode_image
 from osfl.errors import DataError
 
 #: The layout written by :func:`write_pack` (1: the first, prefix-free one).
@@ -340,25 +340,7 @@ def decode_blob(data: bytes, name: str, mode: str, size: int | None,
     :func:`osfl.data.sources.common.decode_file` (JPEG ``draft`` before a
     resize, ``convert``, antialiased bilinear ``resize``), so a file gives
     the same array whether it is read from the disk or from a pack."""
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            if size is not None:
-                im.draft(mode, (size, size))
-            im = im.convert(mode)
-            if size is not None:
-                if im.size != (size, size):
-                    im = im.resize((size, size), Image.Resampling.BILINEAR)
-            elif expect is not None and im.size != expect:
-                raise DataError(
-                    f"images differ in size ({name!r} is {im.size[0]}×{im.size[1]}, others "
-                    f"{expect[0]}×{expect[1]}); pass image_size=<pixels> to resize them all"
-                )
-            arr = np.asarray(im, dtype=np.uint8)
-    except DataError:
-        raise
-    except (OSError, ValueError, Image.DecompressionBombError) as e:
-        raise DataError(f"cannot decode image {name!r}: {e}") from e
-    return arr[:, :, None] if arr.ndim == 2 else arr
+    return decode_image(io.BytesIO(data), name, mode, size, expect)
 
 
 #: ``decode(relative path, mode, size, expect) -> H×W×C uint8`` (a file or a pack's)

@@ -82,23 +82,56 @@ def flower_run(app: str, superlink: str, flwr_args: list[str]) -> int:
 
 def run_dir_status(run_dir: str | Path) -> int:
     """Exit 0 when ``run_dir`` holds a finished run; :class:`RunFailed` when
-    it failed or stopped; :class:`DataError` when it is no osfl run directory."""
+    it failed or stopped; :class:`DataError` when it is no osfl run directory.
+
+    A resumed run appends to the same ``events.jsonl``, so only the last
+    attempt counts (from its ``run_start`` on): an earlier attempt that
+    failed, then ``--resume`` to the end, is a finished run. Finished also
+    means a record: ``metrics.json`` with at least one."""
     root = Path(run_dir)
-    events = root / "events.jsonl"
-    if not events.is_file():
-        raise DataError(f"{root} is not an osfl run directory (no events.jsonl)")
-    kinds: dict[str, dict[str, Any]] = {}
-    for line in events.read_text().splitlines():
-        try:
-            event = jsonio.loads(line)
-        except ValueError:
-            continue  # a torn last line of a killed run
-        if isinstance(event, dict):
-            kinds[str(event.get("event"))] = event
+    events = _last_attempt(root)
+    kinds = {str(e.get("event")): e for e in events}
     if "run_failed" in kinds:
         e = kinds["run_failed"]
         raise RunFailed(f"{root}: the run failed: {e.get('error')}: {e.get('reason')}")
     if "run_end" not in kinds:
         raise RunFailed(f"{root}: the run did not finish (no run_end event)")
-    print(f"{root}: finished")
+    records = _record_count(root)
+    if not records:
+        raise RunFailed(f"{root}: the run ended but left no record (metrics.json has none)")
+    print(f"{root}: finished ({records} record{'s' if records != 1 else ''})")
     return 0
+
+
+def _last_attempt(root: Path) -> list[dict[str, Any]]:
+    """The events of the run directory's last attempt (its last
+    ``run_start`` and after); a damaged log is one :class:`DataError`."""
+    events = root / "events.jsonl"
+    if not events.is_file():
+        raise DataError(f"{root} is not an osfl run directory (no events.jsonl)")
+    try:
+        text = events.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{events}: not an event log (not UTF-8 at byte {e.start})") from e
+    parsed = []
+    for line in text.splitlines():
+        try:
+            event = jsonio.loads(line)
+        except ValueError:
+            continue  # a torn last line of a killed run
+        if isinstance(event, dict):
+            parsed.append(event)
+    starts = [i for i, e in enumerate(parsed) if e.get("event") == "run_start"]
+    if not starts:
+        raise DataError(f"{events}: no run_start event: not an osfl run's log")
+    return parsed[starts[-1] :]
+
+
+def _record_count(root: Path) -> int:
+    """How many records ``metrics.json`` holds (0 when it is missing or damaged)."""
+    try:
+        doc = jsonio.loads((root / "metrics.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return 0
+    records = doc.get("records") if isinstance(doc, dict) else None
+    return len(records) if isinstance(records, list) else 0

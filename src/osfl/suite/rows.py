@@ -1,0 +1,129 @@
+"""The rows of the GPU suite's finished steps (issues #32, #40):
+:func:`step_rows` reads one per method and setting from a step's directory
+(a run's ``metrics.json``, an encoder's card, ``mfu.json``, a benchmark
+script's JSON), :func:`rows_markdown` writes ``reproduction_gpu.md``, the
+rows by section and what did not run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from osfl.suite.bundle import read_json
+from osfl.suite.plan import Planned
+from osfl.suite.steps import ENCODER, Step, command_text
+
+
+def step_rows(step: Step, out: Path, argv: Sequence[str], *, dry_run: bool) -> list[dict[str, Any]]:
+    """The rows of a finished step: one per method and grid point (runs),
+    one for an encoder or a benchmark."""
+    common = {
+        "section": step.section,
+        "step": step.name,
+        "row": step.headline,
+        "scale": "dry-run" if dry_run else "gpu",
+        "scale_note": step.scale_note,
+        "paper_note": step.paper_note,
+        "command": command_text(argv),
+    }
+    if step.kind == "pretrain":
+        card = json.loads((out / ENCODER.replace(".safetensors", ".card.json")).read_text())
+        acc = card["results"]["held_out"].get("accuracy")
+        ours = None if acc is None else 100 * acc
+        env = card.get("training", {}).get("environment") or card.get("provenance", {})
+        return [{**common, "method": "encoder (held-out accuracy)", "setting": "",
+                 "paper": None, "ours": ours, "per_seed": [ours], "provenance": env}]  # fmt: skip
+    if step.kind == "mfu":
+        m = json.loads((out / "mfu.json").read_text())
+        ours = None if m["mfu"] is None else 100 * m["mfu"]
+        return [{**common, "method": f"MFU {m['model']} {m['dtype']}", "setting": f"batch {m['batch']}",
+                 "paper": step.paper.get("mfu"), "ours": ours, "per_seed": [ours],
+                 "achieved_tflops": m["achieved_tflops"], "provenance": m["provenance"]}]  # fmt: skip
+    if step.kind == "script":
+        return _script_rows(step, out, common)
+    # heavy: torch (osfl.report), only once a step has finished
+    from osfl.report import mean_std_text
+
+    records = json.loads((out / "metrics.json").read_text())["records"]
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((r["method"], r.get("point", "")), []).append(r)
+    rows = []
+    for (method, point), recs in groups.items():
+        recs.sort(key=lambda r: r["seed"])
+        accs = [100 * r["global_test_accuracy"] for r in recs]
+        rows.append({**common, "method": method, "setting": point, "paper": step.paper.get(method),
+                     "ours": statistics.mean(accs), "ours_text": mean_std_text(accs),
+                     "seeds": [r["seed"] for r in recs], "per_seed": accs,
+                     "provenance": recs[0].get("provenance", {})})  # fmt: skip
+    return rows
+
+
+def _script_rows(step: Step, out: Path, common: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of an RLU benchmark script: iAcc (a fraction) per attack and
+    setting (Table 2: model, activation, batch, local steps; Fig. 1: round)."""
+    rows = []
+    for f in sorted(out.glob("*.json")):
+        doc = read_json(f, dict)
+        for r in doc.get("rows", []):
+            if "round" in r:
+                setting = f"round {r['round']} (train acc {r['train_acc']:.3f})"
+                values = {a: v for a, v in r.items() if a not in ("round", "train_acc")}
+            else:
+                setting = f"{r['model']} {r['act']} B{r['batch_size']} m{r['steps']}"
+                values = {a: v["iAcc"] for a, v in r.items() if isinstance(v, dict) and "iAcc" in v}
+            for attack, v in values.items():
+                rows.append({**common, "method": attack, "setting": setting, "unit": "fraction",
+                             "paper": step.paper.get(f"{attack} {setting}"), "ours": v,
+                             "seeds": [0], "per_seed": [v], "provenance": {}})  # fmt: skip
+    return rows
+
+
+def _machine(rows: Sequence[dict[str, Any]]) -> str:
+    for r in rows:
+        p = r.get("provenance") or {}
+        if p.get("gpu"):
+            return (f"{p['gpu']}, driver {p.get('cuda_driver')}, CUDA {p.get('cuda')}, "
+                    f"torch {p.get('torch')}, dtype {p.get('dtype', 'see record')}")  # fmt: skip
+    p = rows[0].get("provenance") or {} if rows else {}
+    return f"no GPU (device {p.get('device', 'cpu')}, torch {p.get('torch')})"
+
+
+def rows_markdown(rows: Sequence[dict[str, Any]], planned: Sequence[Planned]) -> str:
+    """``reproduction_gpu.md``: the rows by section, then what did not run."""
+    lines = [
+        "# osfl suite: rows for REPRODUCTION.md (scale gpu: keep them apart from cpu rows)",
+        "",
+    ]
+    lines.append(f"Machine: {_machine(rows)}.")
+    for section in dict.fromkeys(r["section"] for r in rows):
+        lines += ["", f"## {section}", ""]
+        lines.append("| step | method | setting | paper | ours | seeds (per seed) | scale |")
+        lines.append("|---|---|---|---:|---:|---|---|")
+        commands: dict[str, str] = {}
+        for r in (r for r in rows if r["section"] == section):
+            d = 3 if r.get("unit") == "fraction" else 2
+            paper = "—" if r["paper"] is None else f"{r['paper']:.{d}f}"
+            ours = r.get("ours_text") or ("—" if r["ours"] is None else f"{r['ours']:.{d}f}")
+            seeds = ", ".join(
+                f"{s}: {v:.{d}f}" if v is not None else f"{s}: —"
+                for s, v in zip(
+                    r.get("seeds", [0] * len(r["per_seed"])), r["per_seed"], strict=True
+                )
+            )
+            lines.append(f"| {r['step']} | {r['method']} | {r['setting']} | {paper} | {ours} | "
+                         f"{seeds} | {r['scale']} |")  # fmt: skip
+            commands[r["step"]] = r["command"]
+        lines.append("")
+        lines += [f"- `{step}`: `{cmd}`" for step, cmd in commands.items()]
+        notes = {(r["paper_note"], r["scale_note"]) for r in rows if r["section"] == section}
+        for paper_note, scale_note in sorted(notes):
+            lines.append(f"\nPaper: {paper_note}. Ours: {scale_note}.")
+    lines += ["", "## Not run", ""]
+    rest = [p for p in planned if p.status != "done"]
+    lines += [f"- {p.step.name}: {p.status} ({p.reason})" for p in rest] or ["- nothing"]
+    return "\n".join(lines) + "\n"
