@@ -140,7 +140,13 @@ def cmd_table(args: argparse.Namespace) -> int:
     from osfl import report
     from osfl.scoreboard import merge_runs
 
+    # the output files are checked before anything is read or printed: a refusal writes nothing
+    for flag, name in (("--per-seed", args.per_seed), ("--frontier", args.frontier)):
+        _check_output_file(flag, name, overwrite=args.overwrite)
     records = merge_runs(args.run_dirs, allow_unkeyed=args.allow_unkeyed)
+    frontier = report.frontier_figure(records) if args.frontier else None
+    if args.frontier and frontier is None:
+        raise ConfigError("--frontier needs records of at least two methods")
     if args.markdown:
         rows = report.summarize(records)
         print(report.summary_markdown(rows, title=" + ".join(args.run_dirs)))
@@ -149,11 +155,24 @@ def cmd_table(args: argparse.Namespace) -> int:
     if args.per_seed:
         Path(args.per_seed).write_text(json.dumps(report.per_seed(records), indent=1) + "\n")
         print(f"per-seed values: {args.per_seed}")
-    if args.frontier:
-        if report.plot_frontier(records, args.frontier) is None:
-            raise ConfigError("--frontier needs records of at least two methods")
+    if frontier is not None:
+        frontier.savefig(args.frontier)
         print(f"frontier plot: {args.frontier}")
     return 0
+
+
+def _check_output_file(flag: str, name: str | None, *, overwrite: bool) -> None:
+    """``flag NAME`` names a file this command may write: not a directory, in
+    a folder that exists, and not an existing file unless ``--overwrite``."""
+    if name is None:
+        return
+    path = Path(name)
+    if path.is_dir():
+        raise ConfigError(f"{flag} {name} is a directory; give a file name")
+    if path.exists() and not overwrite:
+        raise ConfigError(f"{flag} {name} exists; pass --overwrite to replace it")
+    if not path.parent.is_dir():
+        raise ConfigError(f"{flag} {name}: folder {path.parent} does not exist")
 
 
 #: The console of the running command (:func:`main` makes it; logging writes through it).
@@ -198,6 +217,11 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from osfl.audit_dir import audit_run_dir
     from osfl.privacy.audit import audit_rich_table, parse_audit
 
+    if args.aux_per_class < 1:
+        raise ConfigError(f"--aux-per-class must be >= 1, got {args.aux_per_class}")
+    if not 0 <= args.aux_seed < 2**63:
+        raise ConfigError(f"--aux-seed must be from 0 to 2**63 - 1, got {args.aux_seed}")
+    _check_device(args.device)
     options: dict[str, dict[str, Any]] = {}
     for item in args.option or []:
         key, sep, value = item.partition("=")
@@ -227,6 +251,28 @@ def cmd_audit(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_device(name: str) -> None:
+    """``--device NAME`` is a device this machine has (one line when not)."""
+    # heavy: torch
+    import torch
+
+    from osfl.assembly import resolve_device
+
+    try:
+        dev = resolve_device(name)
+    except RuntimeError as e:  # torch's own words for a name it cannot parse
+        raise ConfigError(f"--device {name!r}: {str(e).splitlines()[0]}") from None
+    gpus = torch.cuda.device_count()
+    if dev.type == "cpu" or (dev.type == "mps" and torch.backends.mps.is_available()):
+        return
+    if dev.type != "cuda" or (dev.index or 0) >= gpus:
+        raise ConfigError(
+            f"--device {name!r} is not on this machine (cpu, or cuda:0..cuda:{gpus - 1})"
+            if gpus
+            else f"--device {name!r} is not on this machine (no GPU visible: use cpu)"
+        )
+
+
 # --------------------------------------------------------------------------- partition
 def cmd_partition(args: argparse.Namespace) -> int:
     # heavy: rich, torch (osfl.data)
@@ -235,6 +281,9 @@ def cmd_partition(args: argparse.Namespace) -> int:
     from osfl.data.partition import make_federation
     from osfl.data.sources import load_data
 
+    for flag, name in (("--out", args.out), ("--plot", args.plot)):
+        if name is not None and Path(name).is_dir():  # before anything is written
+            raise ConfigError(f"{flag} {name} is a directory; give a file name")
     params: dict[str, Any] = {}
     if args.alpha is not None:
         params["alpha"] = args.alpha
@@ -390,7 +439,9 @@ def _describe_method(console: Any, name: str) -> None:
 
 def cmd_list(args: argparse.Namespace) -> int:
     console = _console()
-    if args.method:
+    if args.method is not None:  # --method "" is a name to refuse, not "all of them"
+        if not args.method.strip():
+            raise ConfigError("--method needs a method name (osfl list shows them all)")
         _describe_method(console, args.method)
         return 0
     kinds = registries()
@@ -685,6 +736,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--per-seed",
         metavar="JSON",
         help="also write each row's per-seed accuracies (REPRODUCTION's reproduction/*.json)",
+    )
+    tab.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --per-seed or --frontier file (default: refuse)",
     )
     tab.add_argument(
         "--allow-unkeyed",

@@ -423,7 +423,16 @@ def options_config(cls: type, spec: Mapping[str, Any], key: str) -> Any:
         raise ConfigError(
             f"unknown {key} option(s) {', '.join(unknown)}; valid: {', '.join(valid)}{hint}"
         )
+    for f in dataclasses.fields(cls):  # an integer option given text: say what it must be
+        value = spec.get(f.name)
+        if f.type in (int, "int") and value is not None and not _is_int(value):
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:39] + "\u2026"
+            raise ConfigError(f"{key}.{f.name} must be an integer, got {shown}")
     return cls(**dict(spec))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _merge_options(
@@ -448,7 +457,9 @@ def _merge_options(
             ) from e
         raise ConfigError(f"{prefix}.{key}: {str(e).splitlines()[0]}") from e
     except (TypeError, ValueError) as e:  # ConfigError included: the dataclass's own checks
-        raise ConfigError(f"{prefix}: {e}") from e
+        # a check that names its key already (method.fens: ...) is not prefixed twice
+        said = str(e)
+        raise ConfigError(said if said.startswith(prefix) else f"{prefix}: {said}") from e
 
 
 #: Options that methods' Configs once held beside the local-training recipe,

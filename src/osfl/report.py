@@ -82,6 +82,14 @@ def _numbers(v: Any) -> bool:
     return isinstance(v, dict) and all(_number(x) for x in v.values())
 
 
+def _byte_count(v: Any) -> bool:
+    """A byte count: a finite number, never negative (a damaged file's ``-5``
+    would be summed into a table's bytes)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return False
+    return v >= 0 and (isinstance(v, int) or math.isfinite(v))
+
+
 def _strings(v: Any) -> bool:
     return isinstance(v, list) and all(isinstance(x, str) for x in v)
 
@@ -100,8 +108,8 @@ RECORD_FIELDS: dict[str, tuple[Any, str]] = {
     "global_test_accuracy": (_number, "a number"),
     "server_accuracy": (_number, "a number"),
     "local_test_accuracy": (_number, "a number"),
-    "bytes_up": (_number, "a number"),
-    "bytes_down": (_number, "a number"),
+    "bytes_up": (_byte_count, "a non-negative number"),
+    "bytes_down": (_byte_count, "a non-negative number"),
     "time_s": (_numbers, "an object of numbers"),
     "warnings": (_strings, "a list of strings"),
     "curve": (lambda v: isinstance(v, list) and all(isinstance(x, dict) for x in v), "a list"),

@@ -133,6 +133,17 @@ class RunDir:
         self._handler.close()
         self._events.close()
 
+    def _kept(self) -> str:
+        """What a stopped run leaves: how many finished records metrics.json holds."""
+        try:
+            doc = jsonio.loads((self.path / "metrics.json").read_text(encoding="utf-8"))
+            n = len(doc["records"])
+        except (OSError, ValueError, KeyError, TypeError):
+            n = 0
+        if n == 0:
+            return "no record finished: metrics.json holds none"
+        return f"{n} finished record(s) are in metrics.json"
+
     def __enter__(self) -> RunDir:
         return self
 
@@ -146,11 +157,7 @@ class RunDir:
             why = str(exc).splitlines()[0] if str(exc) else kind.__name__ if kind else "?"
             reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else why
             self.event("run_failed", error=type(exc).__name__, reason=reason)
-            log.error(
-                "run stopped: %s: %s (finished records are in metrics.json)",
-                type(exc).__name__,
-                reason,
-            )
+            log.error("run stopped: %s: %s (%s)", type(exc).__name__, reason, self._kept())
         self.close()
 
 

@@ -155,16 +155,23 @@ def merge_runs(
     in several variants across the runs, a grid point's rows together.
 
     Raises :class:`DataError` (one line) for a directory without a readable
-    ``metrics.json``, when two runs split the data differently at the same
-    grid point and seed, when two runs hold the same row's same seed, when a
-    row's seeds differ in anything but the seed (:data:`ROW_INVARIANTS`), or
-    for a record without a split key (unless ``allow_unkeyed``)."""
+    ``metrics.json``, when no run holds a record, when two runs split the
+    data differently at the same grid point and seed, when two runs hold the
+    same row's same seed, when a row's seeds differ in anything but the seed
+    (:data:`ROW_INVARIANTS`), or for a record without a split key (unless
+    ``allow_unkeyed``)."""
     records: list[dict[str, Any]] = []
     for d in run_dirs:
         path = Path(d) / "metrics.json"
         if not path.is_file():
             raise DataError(f"{d}: not an osfl run directory (no metrics.json)")
         records += [{**r, "_run": str(d)} for r in read_metrics(path)["records"]]
+    if not records:
+        where = ", ".join(map(str, run_dirs))
+        raise DataError(
+            f"{where}: no finished record in metrics.json, nothing to tabulate (a run that "
+            "stopped before its first record: osfl run --resume DIR finishes it)"
+        )
     if not allow_unkeyed:
         _check_keyed(records)
     _check_same_clients(records)

@@ -30,6 +30,19 @@ META_KEY = "osfl_meta"
 #: metadata nests three levels and holds a few counts per class.
 MAX_META_DEPTH = 16
 MAX_META_CHARS = 1 << 20
+#: A refusal reason quotes at most this many characters of a peer's value (a
+#: 401-digit ``num_samples`` or a key of a megabyte stays one short log line).
+SHOWN_CHARS = 40
+
+
+def cut(text: str, limit: int = SHOWN_CHARS) -> str:
+    """``text``, cut to ``limit`` characters with an ellipsis when longer."""
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
+def quoted(value: Any, limit: int = SHOWN_CHARS) -> str:
+    """A peer's ``value`` as a refusal reason quotes it: its ``repr``, bounded (:func:`cut`)."""
+    return cut(repr(value), limit)
 
 
 @dataclass
@@ -58,12 +71,13 @@ class Message:
             meta_raw = (header.get("__metadata__") or {}).get(META_KEY, "{}")
         except Exception as e:  # safetensors raises several error types
             raise UploadError(
-                f"not a valid safetensors message: {e}", client=client, field="*"
+                f"not a valid safetensors message: {cut(str(e), 200)}", client=client, field="*"
             ) from e
         try:
             meta = jsonio.loads(meta_raw, max_depth=MAX_META_DEPTH, max_chars=MAX_META_CHARS)
         except (TypeError, ValueError) as e:
-            raise UploadError(f"metadata is not JSON: {e}", client=client, field="meta") from e
+            why = cut(str(e), 200)
+            raise UploadError(f"metadata is not JSON: {why}", client=client, field="meta") from e
         if not isinstance(meta, dict):
             raise UploadError("metadata must be a JSON object", client=client, field="meta")
         return cls(tensors=dict(tensors), meta=meta)
@@ -118,7 +132,7 @@ class TensorSpec:
                 e is None or e == s for e, s in zip(want, tensor.shape, strict=False)
             )
             if not ok:
-                return f"shape {tuple(tensor.shape)}, expected {want}"
+                return f"shape {cut(str(tuple(tensor.shape)), 80)}, expected {want}"
         return self.value_problem(tensor)
 
     def value_problem(self, tensor: torch.Tensor) -> str | None:
@@ -146,7 +160,10 @@ _META_KINDS: dict[str, tuple[Any, str]] = {
     "real": (_is_real, "a finite number"),
     "str": (lambda v: isinstance(v, str), "a string"),
     "bool": (lambda v: isinstance(v, bool), "true or false"),
-    "int_list": (lambda v: isinstance(v, list) and all(_is_int(x) for x in v), "a list of integers"),
+    "int_list": (
+        lambda v: isinstance(v, list) and all(_is_int(x) for x in v),
+        "a list of integers",
+    ),
 }
 
 
@@ -179,11 +196,12 @@ class MetaSpec:
             return f"must have {self.length} items, got {len(items)}"
         for x in items if self.kind in ("int", "real", "int_list") else ():
             if (self.low is not None and x < self.low) or (self.high is not None and x > self.high):
-                return f"{x} lies outside [{self.low}, {self.high}]"
+                return f"{quoted(x)} lies outside [{self.low}, {self.high}]"
         if self.choices is not None and value not in self.choices:
-            return f"{value!r} is not one of {', '.join(self.choices)}"
+            return f"{quoted(value)} is not one of {', '.join(self.choices)}"
         if self.sum_of is not None and sum(items) != meta.get(self.sum_of):
-            return f"sums to {sum(items)}, not to meta.{self.sum_of}={meta.get(self.sum_of)!r}"
+            total, want = quoted(sum(items)), quoted(meta.get(self.sum_of))
+            return f"sums to {total}, not to meta.{self.sum_of}={want}"
         return None
 
 
@@ -231,7 +249,8 @@ class UploadSpec:
         chosen = meta.get(self.variant_key) if self.variant_key else None
         if not isinstance(chosen, str) or chosen not in self.variants:
             raise UploadError(
-                f"must name its form, one of {', '.join(sorted(self.variants))}; got {chosen!r}",
+                f"must name its form, one of {', '.join(sorted(self.variants))}; "
+                f"got {quoted(chosen)}",
                 client=client,
                 field=f"meta.{self.variant_key}",
             )
@@ -241,7 +260,7 @@ class UploadSpec:
 def _some(keys: list[str], shown: int = 4) -> str:
     """``tensor(s): a, b, c, d and 98 more`` (an error line stays readable)."""
     more = f" and {len(keys) - shown} more" if len(keys) > shown else ""
-    return f"tensor(s): {', '.join(keys[:shown])}{more}"
+    return f"tensor(s): {', '.join(cut(k) for k in keys[:shown])}{more}"
 
 
 def validate(message: Message, spec: UploadSpec, *, client: int | str | None = None) -> None:
@@ -260,7 +279,7 @@ def validate(message: Message, spec: UploadSpec, *, client: int | str | None = N
         ts = spec.tensors.get(name) or spec.optional.get(name)
         why = None if ts is None else ts.problem(tensor, message.meta)
         if why is not None:
-            raise UploadError(why, client=client, field=name)
+            raise UploadError(why, client=client, field=cut(name))
 
 
 def _check_names(message: Message, spec: UploadSpec, client: int | str | None) -> None:
@@ -268,11 +287,11 @@ def _check_names(message: Message, spec: UploadSpec, client: int | str | None) -
     names = set(message.tensors)
     missing = sorted(set(spec.tensors) - names)
     if missing:
-        raise UploadError(f"missing {_some(missing)}", client=client, field=missing[0])
+        raise UploadError(f"missing {_some(missing)}", client=client, field=cut(missing[0]))
     known = set(spec.tensors) | set(spec.optional)
     extra = sorted(names - known)
     if extra and not spec.allow_extra:
-        raise UploadError(f"unexpected {_some(extra)}", client=client, field=extra[0])
+        raise UploadError(f"unexpected {_some(extra)}", client=client, field=cut(extra[0]))
 
 
 def _check_meta(message: Message, spec: UploadSpec, client: int | str | None) -> None:
@@ -280,7 +299,8 @@ def _check_meta(message: Message, spec: UploadSpec, client: int | str | None) ->
     (checked before the tensors, whose shapes may depend on it)."""
     extra_meta = sorted(set(message.meta) - set(spec.meta))
     if extra_meta:
-        raise UploadError("unexpected metadata key", client=client, field=f"meta.{extra_meta[0]}")
+        field_name = f"meta.{cut(extra_meta[0])}"
+        raise UploadError("unexpected metadata key", client=client, field=field_name)
     for key, ms in spec.meta.items():
         if key not in message.meta:
             raise UploadError("missing metadata key", client=client, field=f"meta.{key}")

@@ -50,12 +50,19 @@ SERVER_CERT = "server.pem"
 SERVER_KEY = "server.key"
 DEFAULT_HOSTS = ("127.0.0.1", "localhost")
 DEFAULT_DAYS = 30
+#: The longest validity ``--days`` accepts: 100 years. A rehearsal certificate
+#: is throwaway; past about 2.9 million days the end date would not fit in a
+#: date at all (year 9999), and no verifier needs more than this.
+MAX_DAYS = 36_500
 #: The SuperLink port the printed commands use (Fleet, Control and Runtime APIs on one
 #: HTTP port in Flower 1.41, whose own default is 8000); docs/flower.md uses it too.
 FLOWER_PORT = 9093
 #: SuperNode ``i`` of the printed commands serves its ClientApp API on this port + ``i``
 #: (nodes sharing a machine need different ports; Flower's default is 9094 for all).
 NODE_PORT = 9100
+#: The most SuperNode key pairs ``--node-keys`` makes: the printed commands
+#: start one SuperNode per key on this machine, each on its own port.
+MAX_NODE_KEYS = 1000
 #: The ``flwr`` CLI connection the printed commands write and use.
 CONNECTION = "osfl-tls"
 #: Certificates start this long before "now", so that a machine whose clock is
@@ -99,8 +106,32 @@ class NodeKeyPaths:
     public_key: Path
 
 
+def check_days(days: int) -> None:
+    """``days`` is a validity the certificates can carry: 1 to :data:`MAX_DAYS`."""
+    if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= MAX_DAYS:
+        raise ConfigError(
+            f"days must be a positive integer of at most {MAX_DAYS} (100 years; a rehearsal "
+            f"certificate is throwaway), got {_short(days)}"
+        )
+
+
+def check_port(port: int, what: str = "--port") -> None:
+    """``port`` is a TCP port a server can listen on: 1 to 65535."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ConfigError(f"{what} must be a TCP port from 1 to 65535, got {_short(port)}")
+
+
+def _short(value: object, limit: int = 40) -> str:
+    """``repr(value)``, cut to ``limit`` characters (a refusal stays one short line)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
+
+
 def _check_hosts(hosts: Sequence[str]) -> list[x509.GeneralName]:
-    """Each host as a subjectAltName: an IP address or a DNS name."""
+    """Each host as a subjectAltName: an IP address or a host name as RFC 1123
+    §2.1 allows it (labels of letters, digits and inner hyphens; a name that
+    looks like a dotted-decimal address, such as ``999.1.1.1``, is neither,
+    since a host name's top-level label is never all digits)."""
     if isinstance(hosts, str) or not hosts:
         raise ConfigError(
             f"hosts must be a non-empty list of host names or IP addresses, got {hosts!r}"
@@ -113,10 +144,17 @@ def _check_hosts(hosts: Sequence[str]) -> list[x509.GeneralName]:
         except ValueError:
             pass
         labels = str(host).rstrip(".").split(".")
-        if not host or len(host) > 253 or not all(_DNS_LABEL.match(x) for x in labels):
+        if (
+            not isinstance(host, str)
+            or not host
+            or len(host) > 253
+            or not all(_DNS_LABEL.match(x) for x in labels)
+            or labels[-1].isdigit()
+        ):
             raise ConfigError(
-                f"host {host!r} is neither an IP address nor a valid DNS name "
-                "(letters, digits, hyphens and dots)"
+                f"host {_short(host)} is neither an IP address nor a valid DNS name (an "
+                "RFC 1123 host name: letters, digits, hyphens and dots, the last label not all "
+                "digits)"
             )
         names.append(x509.DNSName(host))
     return names
@@ -170,8 +208,7 @@ def make_certificates(
     certificate carries the extensions strict verifiers require (SAN,
     serverAuth, authority/subject key identifiers).
     """
-    if isinstance(days, bool) or not isinstance(days, int) or days < 1:
-        raise ConfigError(f"days must be a positive integer, got {days!r}")
+    check_days(days)
     san = _check_hosts(hosts)
     root = _make_dir(directory)
     paths = CertPaths(root / CA_CERT, root / SERVER_CERT, root / SERVER_KEY)
@@ -295,7 +332,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "SuperLink's own flower-superexec connects to it there",
     )
     parser.add_argument(
-        "--days", type=int, default=DEFAULT_DAYS, help="validity in days (default: %(default)s)"
+        "--days",
+        type=int,
+        default=DEFAULT_DAYS,
+        help=f"validity in days, 1 to {MAX_DAYS} (default: %(default)s)",
     )
     parser.add_argument(
         "--node-keys",
@@ -316,10 +356,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Make the files ``args`` asks for and print how to use them."""
-    if args.node_keys < 0:
-        raise ConfigError(f"--node-keys must be >= 0, got {args.node_keys}")
+    if not 0 <= args.node_keys <= MAX_NODE_KEYS:
+        raise ConfigError(
+            f"--node-keys must be from 0 to {MAX_NODE_KEYS} (one SuperNode each, on ports "
+            f"{NODE_PORT} and up), got {_short(args.node_keys)}"
+        )
     # dict.fromkeys: the user's hosts first (the first names the certificate), no repeats
     hosts = tuple(dict.fromkeys([*args.host, *DEFAULT_HOSTS]))
+    # every argument is checked before anything is made or printed: a refusal leaves nothing
+    check_days(args.days)
+    check_port(args.port)
+    _check_hosts(hosts)
+    if args.port in range(NODE_PORT, NODE_PORT + (args.node_keys or 3)):
+        raise ConfigError(
+            f"--port {args.port} is a port the printed SuperNodes serve on "
+            f"({NODE_PORT}..{NODE_PORT + (args.node_keys or 3) - 1}); choose another"
+        )
+    root = Path(args.directory).expanduser()
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"{root} exists and is not a directory")
+    names = [CA_CERT, SERVER_CERT, SERVER_KEY]
+    names += [f"supernode-{i}{ext}" for i in range(args.node_keys) for ext in ("", ".pub")]
+    _refuse_existing([root / n for n in names], args.overwrite)
     paths = make_certificates(args.directory, hosts=hosts, days=args.days, overwrite=args.overwrite)
     keys = [
         make_node_keys(paths.ca_cert.parent, f"supernode-{i}", overwrite=args.overwrite)
