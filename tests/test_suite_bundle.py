@@ -294,6 +294,14 @@ def test_import_puts_rows_into_reproduction_and_merges_seeds(tmp_path: Path) -> 
                        rates=RATES, repo=repo)  # fmt: skip
     planned = run_suite(req, _command(seen), log=lambda s: None).planned
     assert seen == ["fafi_salt_a0.1_seed0", "reader"]
+    # a part of a row's clients (train_clients, ``feeds``) is done with its row
+    part = Step(**{**_step("fafi_salt_part1_a0.1_seed0").__dict__, "feeds": steps[0].name})
+    row = Step(**{**steps[0].__dict__, "needs": (part.name,)})
+    seen.clear()
+    req = SuiteRequest(out=tmp_path / "s3", budget_min=10, steps=[part, row], rates=RATES,
+                       repo=repo)  # fmt: skip
+    planned = run_suite(req, _command(seen), log=lambda s: None).planned
+    assert seen == [] and [p.status for p in planned] == ["in_repo", "in_repo"]
 
 
 def test_import_refuses_a_dry_run_and_a_damaged_bundle(tmp_path: Path, capsys) -> None:

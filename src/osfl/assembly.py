@@ -554,7 +554,8 @@ def run_record(
             "objective": (card.get("objective") or {}).get("name"),
         }
     reporting = capability(job.method, Reporting)
-    extras = reporting.report(result.state) if reporting is not None else {}
+    # no state when only some clients trained (train_clients): nothing to report
+    extras = reporting.report(result.state) if reporting and result.state is not None else {}
     if extras:
         record["server"] = extras
     return record

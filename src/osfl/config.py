@@ -165,6 +165,11 @@ class ExperimentConfig:
     threads_per_client: int | None = 1
     out_dir: str | None = None
     cache_dir: str | None = ".osfl_cache"
+    # Train (and cache) only these clients' local models, then stop each method
+    # without aggregating or evaluating (null: every client, the whole run). A run
+    # too long for one command trains its clients over several into the same
+    # cache_dir; the last, full run finds them all there (osfl.fl.runtime.train_only).
+    train_clients: list[int] | None = None
     audit: list[Any] = field(default_factory=list)
     # Client-side defence on every upload: {clip: L2 bound, sigma: noise std, scope: ...}
     # (osfl.privacy.defenses.DefenseConfig); empty = none.
@@ -209,6 +214,7 @@ class ExperimentConfig:
             raise ConfigError(
                 f"partition.num_clients must be >= 1, got {self.partition.num_clients}"
             )
+        self._check_train_clients()
         if self.checkpoint_every < 0:
             raise ConfigError(
                 f"checkpoint_every must be >= 0 (0 = never), got {self.checkpoint_every}"
@@ -236,6 +242,24 @@ class ExperimentConfig:
             if value.split(":")[0] not in valid:
                 raise ConfigError(f"{key}={value!r} is not valid; choose one of {', '.join(valid)}")
 
+    def _check_train_clients(self) -> None:
+        """Client ids in the federation, a cache to train into, the simulation."""
+        ids = self.train_clients
+        if ids is None:
+            return
+        n = self.partition.num_clients
+        if not ids or any(type(c) is not int or not 0 <= c < n for c in ids):
+            raise ConfigError(
+                f"train_clients must list client ids in 0..{n - 1} (partition.num_clients={n}), "
+                f"got {ids!r}"
+            )
+        if self.cache_dir is None:
+            raise ConfigError("train_clients trains into the client cache: set cache_dir")
+        if self.runtime != "simulation":
+            raise ConfigError(f"train_clients needs runtime=simulation, got {self.runtime!r}")
+        if self.audit:
+            raise ConfigError("train_clients sends no uploads to audit: run the audit without it")
+
 
 # --------------------------------------------------------------------------- loading
 def _schema() -> DictConfig:
@@ -256,6 +280,7 @@ _SHAPE_HINTS = {
     "methods to run write methods=[fedavg] or methods=[fedavg,ensemble]",
     "methods": "methods is a list: write methods=[fedavg] or methods=[fedavg,ensemble]",
     "seeds": "seeds is a list: write seeds=[0] or seeds=[0,1,2]",
+    "train_clients": "train_clients is a list of client ids: write train_clients=[0,1]",
     "audit": "audit is a list: write audit=[rlu] or audit=[rlu,llg+]",
     "sweep": 'sweep is a list: write "sweep=[partition.alpha=0.1,1.0]" or use --sweep',
     "defense": "defense is a mapping: write defense.sigma=0.05, or "

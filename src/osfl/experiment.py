@@ -32,6 +32,8 @@ from osfl.fl.method import rounds_of, secure_weighting_of
 from osfl.fl.observers import Checkpointer, Observer
 from osfl.fl.progress import Progress, ProgressTask
 from osfl.fl.runtime.base import Job, Runtime
+from osfl.fl.runtime.simulation import SimulationRuntime
+from osfl.fl.runtime.train_only import train_only
 from osfl.fl.secagg_config import secure_refusal
 from osfl.rundir import EventObserver, RunDir
 
@@ -117,19 +119,29 @@ def run_method(
         rundir.event("method_start", **context, method_config=dataclasses.asdict(job.method.config))
     cache = job.run.cache
     before = (cache.hits, cache.misses) if cache is not None else None
-    result = runtime.execute(job, observers=obs)
+    if cfg.train_clients is not None:  # part of the clients, into the cache: no global model
+        result = train_only(
+            job,
+            cfg.train_clients,
+            threads=runtime.pinned_threads() if isinstance(runtime, SimulationRuntime) else None,
+            batch_clients=cfg.batch_clients,
+        )
+    else:
+        result = runtime.execute(job, observers=obs)
     counts = (cache.hits - before[0], cache.misses - before[1]) if cache and before else None
     record = assembly.run_record(cfg, job, result, ctx, context, counts)
     if audit is not None:  # privacy audit: scored on what the server saw
         record["audit"] = audit.finish()
     if rundir is not None:
-        summary = {k: record[k] for k in ("global_test_accuracy", "bytes_up", "time_s")}
+        keys = ("global_test_accuracy", "bytes_up", "time_s", "trained_clients")
+        summary = {k: record[k] for k in keys if k in record}
         rundir.event("method_end", **context, **summary)
+    accuracy = record.get("global_test_accuracy")
     log.info(
         "%s seed %d: accuracy %.4f, %d bytes up, %.1fs",
         name,
         seed,
-        record.get("global_test_accuracy", float("nan")),
+        float("nan") if accuracy is None else accuracy,
         record["bytes_up"],
         record["time_s"]["total"],
     )
@@ -166,6 +178,11 @@ def plan_experiment(
         jobs = [assembly.build_job(cfg, name, ctx) for name in methods]
         for job in jobs:
             job.method.check()
+            if cfg.train_clients is not None and rounds_of(job.method) != 1:
+                raise ConfigError(
+                    f"train_clients trains one-shot clients; {job.method.name} runs "
+                    f"{rounds_of(job.method)} rounds"
+                )
             if cfg.secagg.enabled:  # every method, before the first one trains
                 why = secure_refusal(job.method.name, secure_weighting_of(job.method), cfg.server)
                 if why is not None:

@@ -5,7 +5,8 @@ make, in order of value (issues #32, #40).
 per seed paper, each split into steps of at most 8 minutes at the H100's
 expected rates: FAFI Table 1 at α 0.1 (the paper's 50- and 100-epoch FAFI
 numbers first, as cheap rows; then the CE clients' and the SALT clients'
-training as separate steps, sharing the client cache), RLU Table 2 and
+training as separate steps sharing the client cache, the SALT clients in
+two ``train_clients`` parts before the step that finds them all cached), RLU Table 2 and
 Fig. 1, the encoder every frozen-encoder row needs, FedMITR Table I, FALCON
 Table 2 with the closed-form heads, EFTViT Table 1 (one step per method),
 the MFU benchmark, then more FAFI seeds. A step that uses some of
@@ -109,17 +110,43 @@ _FAFI_TINY = (
 )
 
 
-def _fafi_work(epochs: int, views: int) -> Work:
-    """``views`` x ``epochs`` passes over the 50,000 images (the five clients
-    together), a test pass per method, and decoding CIFAR-10 once."""
-    steps = views * epochs * _CIFAR_TRAIN + FORWARD * 3 * 10_000
+#: The clients' sizes in CIFAR-10's Dirichlet(0.1) split over 5 clients
+#: (at least 10 images each) per seed: what ``osfl partition --dataset
+#: imagefolder:cifar10 --scheme dirichlet --alpha 0.1 --clients 5
+#: --min-partition-size 10 --seed S`` gives (the SALT parts' work).
+_FAFI_SIZES = {
+    0: (2083, 1561, 12961, 18441, 14954),
+    1: (10599, 3817, 6155, 13487, 15942),
+    2: (7250, 16606, 9446, 10781, 5917),
+}
+#: The steps the 200-epoch SALT clients of one seed train in (``train_clients``).
+_SALT_PARTS = 2
+
+
+def _salt_parts(seed: int) -> list[tuple[int, ...]]:
+    """Seed ``seed``'s clients in :data:`_SALT_PARTS` parts of about equal
+    work: the largest client first, each into the lightest part so far."""
+    sizes = _FAFI_SIZES[seed]
+    parts: list[list[int]] = [[] for _ in range(_SALT_PARTS)]
+    for c in sorted(range(len(sizes)), key=lambda c: -sizes[c]):
+        min(parts, key=lambda p: sum(sizes[i] for i in p)).append(c)
+    return [tuple(sorted(p)) for p in parts]
+
+
+def _fafi_work(epochs: int, views: int, images: int = _CIFAR_TRAIN, tests: int = 3) -> Work:
+    """``views`` x ``epochs`` passes over ``images`` (by default the five
+    clients' 50,000), ``tests`` passes over the 10,000 test images, and
+    decoding CIFAR-10 once."""
+    steps = views * epochs * images + FORWARD * tests * 10_000
     return Work({"resnet18_32": steps, "decode": _CIFAR_ALL}, fixed_s=15.0)
 
 
 def _fafi_step(kind: str, seed: int, epochs: int = 200) -> Step:
     """FAFI Table 1 at α 0.1, one seed: ``ce`` (FedAvg and Ensemble, whose CE
     clients they share) or ``salt`` (FAFI's SALT clients, two views of every
-    image); both read and fill the same client cache (``.osfl_cache``)."""
+    image); both read and fill the same client cache (``.osfl_cache``). The
+    200-epoch SALT step finds its clients there: :func:`_salt_part` steps
+    trained them (one command cannot)."""
     salt = kind == "salt"
     methods = "methods=[fafi]" if salt else "methods=[fedavg,ensemble]"
     short = "" if epochs == 200 else f"_e{epochs}"
@@ -128,28 +155,83 @@ def _fafi_step(kind: str, seed: int, epochs: int = 200) -> Step:
         if salt
         else {m: _FAFI_PAPER[m] for m in ("fedavg", "ensemble")}
     )
+    parts = salt and epochs == 200
+    name = f"fafi_{kind}{short}_a0.1_seed{seed}"
     return Step(
-        name=f"fafi_{kind}{short}_a0.1_seed{seed}",
+        name=name,
         section="fafi",
         kind="run",
-        argv=_osfl_run(
-            "configs/fafi_cifar10_gpu.yaml",
-            "partition.alpha=0.1",
-            "sweep=[]",
-            f"seeds=[{seed}]",
-            methods,
-            *(() if epochs == 200 else (f"train.epochs={epochs}",)),
-        ),
-        tiny=_osfl_run(*_FAFI_TINY, f"seeds=[{seed}]", methods),
-        work=_fafi_work(epochs, 2 if salt else 1),
+        argv=_osfl_run(*_fafi_argv(seed, methods, epochs)),
+        tiny=_osfl_run(*_FAFI_TINY, f"seeds=[{seed}]", methods, *(_TINY_CACHE if parts else ())),
+        # every client in the cache: the fusion's passes over the test set per client
+        work=_fafi_work(0, 0, tests=10) if parts else _fafi_work(epochs, 2 if salt else 1),
         paper=paper,
         paper_note=_FAFI_NOTE
         if epochs == 200
         else f"FAFI Table 5, CIFAR-10, α 0.1, {epochs} local epochs (FAFI only)",
         scale_note=f"the paper's setting at {epochs} local epochs; one seed per step "
-        "(the paper: 5 trials)",
+        "(the paper: 5 trials)"
+        + (
+            "; its clients trained by the steps before it, into the same client cache"
+            if parts
+            else ""
+        ),
+        needs=tuple(f"fafi_salt_part{i + 1}_a0.1_seed{seed}" for i in range(_SALT_PARTS))
+        if parts
+        else (),
         row=f"fafi_t1{short}_a0.1",
     )
+
+
+#: The dry run's SALT parts and row share a client cache of their own.
+_TINY_CACHE = ("cache_dir={out}/../.fafi_cache",)
+
+
+def _fafi_argv(seed: int, methods: str, epochs: int = 200) -> tuple[str, ...]:
+    return (
+        "configs/fafi_cifar10_gpu.yaml",
+        "partition.alpha=0.1",
+        "sweep=[]",
+        f"seeds=[{seed}]",
+        methods,
+        *(() if epochs == 200 else (f"train.epochs={epochs}",)),
+    )
+
+
+def _salt_part(seed: int, part: int) -> Step:
+    """Part ``part`` (from 0) of seed ``seed``'s 200-epoch SALT clients:
+    ``osfl run ... train_clients=[...]`` trains them into the client cache and
+    stops (no accuracy, no row); ``fafi_salt_a0.1_seed{seed}`` makes the row."""
+    clients = _salt_parts(seed)[part]
+    ids = ",".join(map(str, clients))
+    images = sum(_FAFI_SIZES[seed][c] for c in clients)
+    return Step(
+        name=f"fafi_salt_part{part + 1}_a0.1_seed{seed}",
+        section="fafi",
+        kind="run",
+        argv=_osfl_run(*_fafi_argv(seed, "methods=[fafi]"), f"train_clients=[{ids}]"),
+        # the dry run's two clients, one per part
+        tiny=_osfl_run(
+            *_FAFI_TINY,
+            f"seeds=[{seed}]",
+            "methods=[fafi]",
+            *_TINY_CACHE,
+            f"train_clients=[{part}]",
+        ),
+        work=_fafi_work(200, 2, images=images, tests=0),
+        paper_note=_FAFI_NOTE,
+        scale_note=f"FAFI's SALT clients {ids} of 5 ({images:,} images), 200 local epochs, "
+        "into the client cache: no row of its own",
+        row="fafi_t1_a0.1",
+        feeds=f"fafi_salt_a0.1_seed{seed}",
+    )
+
+
+def _fafi_row(seed: int) -> tuple[Step, ...]:
+    """Seed ``seed``'s FAFI Table 1 row at α 0.1: the CE clients, the SALT
+    clients in parts, then the SALT step that finds them all cached."""
+    parts = (_salt_part(seed, i) for i in range(_SALT_PARTS))
+    return (_fafi_step("ce", seed), *parts, _fafi_step("salt", seed))
 
 
 # ------------------------------------------------------------------------- RLU
@@ -458,8 +540,7 @@ def _mfu_step() -> Step:
 STEPS: tuple[Step, ...] = (
     _fafi_step("salt", 0, epochs=50),
     _fafi_step("salt", 0, epochs=100),
-    _fafi_step("ce", 0),
-    _fafi_step("salt", 0),
+    *_fafi_row(0),
     _rlu_step("table2"),
     _rlu_step("fig1"),
     _pretrain_step(),
@@ -490,7 +571,7 @@ STEPS: tuple[Step, ...] = (
     ),
     *(_eftvit_step(m) for m in ("fedhead", "fedlora", "eftvit")),
     _mfu_step(),
-    *(_fafi_step(kind, seed) for seed in (1, 2) for kind in ("ce", "salt")),
+    *(step for seed in (1, 2) for step in _fafi_row(seed)),
 )
 
 SECTIONS: tuple[str, ...] = tuple(dict.fromkeys(s.section for s in STEPS))

@@ -304,6 +304,8 @@ class _Suite:
         pending = [p for p in self.planned if p.status == "pending"]
         for p in pending:
             p.estimate_s = p.step.estimate(self.rates, dry_run=self.req.dry_run)
+        # a part of a row's clients (``feeds``) is done once that row is in the repository
+        in_repo |= {p.step.name: in_repo[p.step.feeds] for p in pending if p.step.feeds in in_repo}
         skip = {p.step.name for p in pending if p.step.name in in_repo}
         skip -= set(self.req.step_names)  # what they need runs again anyway (below)
         # a step whose output another step still reads (the encoder) runs again:

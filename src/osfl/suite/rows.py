@@ -51,6 +51,8 @@ def step_rows(step: Step, out: Path, argv: Sequence[str], *, dry_run: bool) -> l
     records = json.loads((out / "metrics.json").read_text())["records"]
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for r in records:
+        if r.get("global_test_accuracy") is None:  # train_clients: clients cached, no accuracy
+            continue
         groups.setdefault((r["method"], r.get("point", "")), []).append(r)
     rows = []
     for (method, point), recs in groups.items():

@@ -85,7 +85,11 @@ class Step:
     number (%), ``paper_note`` what that number is of; ``needs``: steps
     whose output this one reads; ``row``: the headline row its rows belong
     to (steps of one row, e.g. FAFI's CE and SALT clients or several seeds,
-    share it); ``scale_note``: the scale, and any substitute (encoder, data).
+    share it); ``scale_note``: the scale, and any substitute (encoder, data);
+    ``feeds``: the step that makes the row from this one's output when this
+    one trains only some clients into the shared client cache
+    (``train_clients``): it has no rows of its own, and is not run again
+    once that step's rows are in the repository.
     """
 
     name: str
@@ -100,6 +104,7 @@ class Step:
     needs: tuple[str, ...] = ()
     scale_note: str = ""
     row: str = ""
+    feeds: str = ""
 
     @property
     def headline(self) -> str:
