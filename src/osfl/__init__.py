@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 #: ``OSFL_CPU_KERNELS=portable`` pins MKL's branch and ATen's capability to
 #: AVX2 here, before anything imports torch (both are read at torch's first
 #: op, not later), and :mod:`osfl.fl.fingerprint` takes convolutions off
-#: oneDNN, whose blocking follows the CPU: numbers that should not depend on
+#: oneDNN, whose kernels follow the CPU: numbers that should not depend on
 #: the x86 CPU kind, at about 1.27x the default run's time (REPRODUCTION.md,
 #: "How to read the numbers"). Variables the user set are kept.
 if _os.environ.get("OSFL_CPU_KERNELS") == "portable":

@@ -7,9 +7,9 @@ the instruction set it detects (``ONEDNN_MAX_CPU_ISA`` caps it) and by the
 caches it blocks for, MKL's GEMMs by its code branch (``MKL_CBWR`` pins it,
 otherwise chosen by the CPU's vendor and flags). Each path sums in its own
 order, and after thirty epochs of training the last bits become the last
-digits of an accuracy: measured on the default run, FedAvg moves 5 points
-and FAFI 9 points across the kernel paths of one machine (REPRODUCTION.md,
-"How to read the numbers"). ``torch 2.13.0+cpu, cpu AVX512`` names none of
+digits of an accuracy: measured on the default run, FedAvg moves 3.3 points
+and FAFI 4.9 across the kernel paths of one machine (REPRODUCTION.md, "How
+much the machine moves a number"). ``torch 2.13.0+cpu, cpu AVX512`` names none of
 this, so two machines with that label gave different numbers (issue "The
 README's two commands pass on any clean machine").
 
