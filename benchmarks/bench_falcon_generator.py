@@ -71,7 +71,9 @@ def step_times(steps: int) -> dict[str, float]:
     base = new_generator(0, s)
     models = {name: copy.deepcopy(base) for name in ("slices", "float32", "bfloat16")}
     models["slices"].head.forward = types.MethodType(slices_head, models["slices"].head)
-    optims = {n: torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=1e-4) for n, m in models.items()}
+    optims = {
+        n: torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=1e-4) for n, m in models.items()
+    }
     times: dict[str, list[float]] = {n: [] for n in models}
     for i in range(steps + 3):
         idx = torch.arange(i * BATCH, (i + 1) * BATCH) % N
@@ -108,7 +110,11 @@ def curves(epochs: int) -> dict[str, list[float]]:
     """Per-epoch mean NLL of fit(): float32 and bfloat16 (seed 0), float32 (seed 1)."""
     s, y = tokens()
     out = {}
-    for name, seed, cast in (("float32", 0, "none"), ("bfloat16", 0, "bfloat16"), ("float32 seed 1", 1, "none")):
+    for name, seed, cast in (
+        ("float32", 0, "none"),
+        ("bfloat16", 0, "bfloat16"),
+        ("float32 seed 1", 1, "none"),
+    ):
         cfg = FitConfig(epochs=epochs, batch_size=BATCH, optimizer="adamw", lr=1e-4,
                         weight_decay=1e-4, autocast=cast)  # fmt: skip
         g = new_generator(seed, s)
@@ -134,7 +140,9 @@ def main() -> None:
     if args.epochs:
         c = curves(args.epochs)
         for name, losses in c.items():
-            shown = ", ".join(f"{losses[e]:.1f}" for e in sorted({0, len(losses) // 2, len(losses) - 1}))
+            shown = ", ".join(
+                f"{losses[e]:.1f}" for e in sorted({0, len(losses) // 2, len(losses) - 1})
+            )
             print(f"{name:>15}: NLL at epochs 1 / mid / last: {shown}")
         a, b, other = (np.array(c[k]) for k in c)
         print(f"max |float32 - bfloat16| over epochs: {np.abs(a - b).max():.2f} nats; "

@@ -186,7 +186,9 @@ def main() -> None:
         )
 
     if args.profile:
-        print(profile(tf, lambda: BatchIterator.from_imageset(train, args.batch_size, generator=gen)))
+        print(
+            profile(tf, lambda: BatchIterator.from_imageset(train, args.batch_size, generator=gen))
+        )
     ours = rows[0][2]
     print("\n| pipeline | workers | images/s | batched / this |\n|---|---|---:|---:|")
     for name, w, ips in rows:

@@ -43,7 +43,9 @@ def ours(batch: int) -> float:
 
 
 def theirs(repo: Path, batch: int) -> float:
-    spec = importlib.util.spec_from_file_location("mar_generator", repo / "models" / "mar_generator.py")
+    spec = importlib.util.spec_from_file_location(
+        "mar_generator", repo / "models" / "mar_generator.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

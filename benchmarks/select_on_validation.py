@@ -110,7 +110,9 @@ def final_seeds(
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dirs", nargs="+")
-    ap.add_argument("--final", nargs="*", default=[], help="runs of more seeds at the chosen settings")
+    ap.add_argument(
+        "--final", nargs="*", default=[], help="runs of more seeds at the chosen settings"
+    )
     ap.add_argument("--per-seed", help="write the per-seed values and the choices (JSON)")
     args = ap.parse_args(argv)
     grid = read_runs(args.run_dirs)
@@ -122,14 +124,18 @@ def main(argv: list[str] | None = None) -> int:
         chosen = max(cands, key=lambda c: statistics.mean(cands[c]["validation"].values()))
         for name, acc in cands.items():
             mark = "**chosen**" if name == chosen else ""
-            print(f"| {method} | {name} | {cell(acc['validation'])} | {cell(acc['test'])} | {mark} |")
+            print(
+                f"| {method} | {name} | {cell(acc['validation'])} | {cell(acc['test'])} | {mark} |"
+            )
         dump[method] = {"chosen": chosen, "candidates": {
             n: {k: {str(s): v for s, v in sorted(a[k].items())} for k in a} for n, a in cands.items()
         }}  # fmt: skip
     if args.final:
         chosen = {k: v["chosen"] for k, v in dump.items()}
         finals = final_seeds(chosen, grid, read_runs(args.final))
-        print("\n| method | chosen | seeds | test, last round (%) | test, round chosen on validation (%) | rounds chosen |")
+        print(
+            "\n| method | chosen | seeds | test, last round (%) | test, round chosen on validation (%) | rounds chosen |"
+        )
         print("|---|---|---:|---:|---:|---|")
         for key, f in finals.items():
             acc, at_val = f["accuracy"], f["on_validation"]

@@ -96,7 +96,10 @@ def results(prefixes: list[str]) -> dict[str, Counter]:
 
 def table(rows: dict[str, Counter]) -> str:
     cols = ("mutants", "killed", "survived", "no tests", "equivalent", "not run")
-    lines = ["| module | " + " | ".join(cols) + " | kill rate |", "|---|" + "---:|" * (len(cols) + 1)]
+    lines = [
+        "| module | " + " | ".join(cols) + " | kill rate |",
+        "|---|" + "---:|" * (len(cols) + 1),
+    ]
     total: Counter = Counter()
     for module, c in rows.items():
         total.update(c)
@@ -176,7 +179,9 @@ def keep_only_tests(test_globs: list[str], pattern: str) -> None:
     mutmut_main.collect_or_load_stats = load_then_filter
 
 
-def run_mutmut(pattern: str, test_globs: list[str] | None = None, max_children: int | None = None) -> int:
+def run_mutmut(
+    pattern: str, test_globs: list[str] | None = None, max_children: int | None = None
+) -> int:
     """``mutmut run PATTERN`` in this process (with :func:`patch_frame_walk`),
     each mutant against its tests in ``test_globs`` when given."""
     from mutmut.__main__ import cli  # optional: see patch_frame_walk
@@ -205,8 +210,12 @@ def main() -> int:
     p.add_argument("modules", nargs="*", help="dotted module or package names")
     p.add_argument("--all", action="store_true", help="every algorithm core")
     p.add_argument("--report", action="store_true", help="print the table, run nothing")
-    p.add_argument("--max-children", type=int, help="mutants tested at once (default: the CPU count)")
-    p.add_argument("--tests", nargs="+", metavar="GLOB", help="run each mutant only against these test files")
+    p.add_argument(
+        "--max-children", type=int, help="mutants tested at once (default: the CPU count)"
+    )
+    p.add_argument(
+        "--tests", nargs="+", metavar="GLOB", help="run each mutant only against these test files"
+    )
     args = p.parse_args()
     modules = list(CORES) if args.all else args.modules
     if not modules:

@@ -67,4 +67,3 @@ def make_ctx(tiny_data, tmp_path):
         return SeedContext(splits, fed, build_run(c, splits, fed, 0))
 
     return make
-

@@ -226,8 +226,12 @@ def test_an_observation_without_truth_is_a_failure_of_every_attack_with_its_plac
     from osfl.privacy.audit.scoring import score_observations
 
     obs = Observation(client_id=3, round=2, truth=None)
-    aux = ImageSet(torch.zeros(2, 1, 4, 4, dtype=torch.uint8), torch.tensor([0, 1]), classes=("a", "b"))
+    aux = ImageSet(
+        torch.zeros(2, 1, 4, 4, dtype=torch.uint8), torch.tensor([0, 1]), classes=("a", "b")
+    )
     out = score_observations([obs], [AttackSpec("llg+"), AttackSpec("rlu", label="r")], aux)
     for key in ("llg+", "r"):
-        assert out[key]["failed"] == [{"round": 2, "client": 3, "reason": "no ground truth recorded"}]
+        assert out[key]["failed"] == [
+            {"round": 2, "client": 3, "reason": "no ground truth recorded"}
+        ]
         assert out[key]["per_observation"] == []

@@ -322,7 +322,9 @@ def test_weights_trained_under_other_threads_are_a_miss(tmp_path, count_training
     finally:
         torch.set_num_threads(before)
     assert len(count_training) == 2  # 1 thread, 2 threads; then 1 thread hits
-    envs = sorted(ClientCache(tmp_path).meta(k)["parts"]["environment"]["threads"] for k in _keys(tmp_path))
+    envs = sorted(
+        ClientCache(tmp_path).meta(k)["parts"]["environment"]["threads"] for k in _keys(tmp_path)
+    )
     assert envs == [1, 2]
     env = ClientCache(tmp_path).meta(_keys(tmp_path)[0])["parts"]["environment"]
     assert env["torch"] == torch.__version__ and env["device"] == "cpu" and env["cpu_capability"]

@@ -108,8 +108,6 @@ def same_state(a: Any, b: Any) -> bool:
     return True
 
 
-
-
 @pytest.mark.parametrize("name", METHODS.names())
 def test_method_contract(name: str) -> None:
     cfg = smoke_config(name)
@@ -192,7 +190,9 @@ def check_capabilities(method: Method, result: RunResult) -> None:
     audited = capability(method, AuditHistory)
     if audited is not None:
         history = audited.audit_history(state, 0)
-        assert all(k.startswith("history.") and isinstance(v, torch.Tensor) for k, v in history.items())
+        assert all(
+            k.startswith("history.") and isinstance(v, torch.Tensor) for k, v in history.items()
+        )
     reporting = capability(method, Reporting)
     if reporting is not None:
         jsonio.dumps(reporting.report(state))  # what the record stores

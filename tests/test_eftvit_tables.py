@@ -96,9 +96,16 @@ def test_collect_keeps_eftvit_records_sorted_and_the_table_marks_gaps(tmp_path: 
 
 def test_the_round_chosen_on_validation_is_read_from_the_record() -> None:
     t = _tables()
-    record = {**_record(), "best_on_validation": {"round": 1, "validation_accuracy": 0.47, "accuracy": 0.45}}
+    record = {
+        **_record(),
+        "best_on_validation": {"round": 1, "validation_accuracy": 0.47, "accuracy": 0.45},
+    }
     r = t.row(record, {})
-    assert r["on_validation"] == (2, 47.0, 45.0)  # round index 1 = round 2; test 45 %, not the best 50
+    assert r["on_validation"] == (
+        2,
+        47.0,
+        45.0,
+    )  # round index 1 = round 2; test 45 %, not the best 50
     line = t.markdown([r])[-1]
     assert "| 2: 45.0 |" in line
     assert "| – |" in t.markdown([t.row(_record(), {})])[-1]

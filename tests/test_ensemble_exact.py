@@ -48,7 +48,9 @@ def test_given_weights_are_normalised_and_mix_the_probabilities() -> None:
 
 @pytest.mark.parametrize("weights", [[1.0, 2.0], [1.0, -1.0, 1.0], [0.0, 0.0, 0.0]])
 def test_bad_weights_are_refused(weights) -> None:
-    with pytest.raises(ValueError, match=r"^ensemble weights must be one non-negative number per model$"):
+    with pytest.raises(
+        ValueError, match=r"^ensemble weights must be one non-negative number per model$"
+    ):
         EnsemblePredictor([Fixed(m) for m in MEMBERS], weights=weights)
 
 

@@ -213,10 +213,21 @@ def test_upload_spec_state_release_and_report_exactly(tiny) -> None:
     m = FedCGS(method_config(FedCGS, {"covariance": "within", "shrinkage": 0.2}), ctx.run)
     spec = m.upload_spec(state, 0, 0)
     c, d = ctx.run.num_classes, m.token_dim()
-    assert (spec.tensors["class_sums"].shape, spec.tensors["class_sums"].dtype) == ((c, d), torch.float64)
-    assert (spec.tensors["second_moment"].shape, spec.tensors["second_moment"].dtype) == ((d, d), torch.float64)
+    assert (spec.tensors["class_sums"].shape, spec.tensors["class_sums"].dtype) == (
+        (c, d),
+        torch.float64,
+    )
+    assert (spec.tensors["second_moment"].shape, spec.tensors["second_moment"].dtype) == (
+        (d, d),
+        torch.float64,
+    )
     counts = spec.meta["class_counts"]
-    assert (counts.kind, counts.low, counts.length, counts.sum_of) == ("int_list", 0, c, "num_samples")
+    assert (counts.kind, counts.low, counts.length, counts.sum_of) == (
+        "int_list",
+        0,
+        c,
+        "num_samples",
+    )
     sizes = {k: len(ix) for k, ix in enumerate(ctx.federation.client_indices)}
     assert {k: v["num_samples"] for k, v in state["clients"].items()} == sizes
     assert set(m.release(state)) == {"weight", "bias"}

@@ -36,7 +36,9 @@ def direct_head(f: torch.Tensor, y: torch.Tensor, classes: int, shrinkage: float
         dof = n - len(present)
         sigma = scatter / dof if dof >= 1 else torch.zeros(d, d, dtype=torch.float64)
     spread = float(torch.trace(sigma)) / d
-    sigma_hat = sigma + shrinkage * (spread if spread > 0 else 1.0) * torch.eye(d, dtype=torch.float64)
+    sigma_hat = sigma + shrinkage * (spread if spread > 0 else 1.0) * torch.eye(
+        d, dtype=torch.float64
+    )
     w = torch.linalg.solve(sigma_hat, mu.T).T
     b = torch.full((classes,), ABSENT_CLASS_BIAS, dtype=torch.float64)
     for c in present:
@@ -116,7 +118,9 @@ def test_the_screen_names_what_no_features_can_produce():
     assert statistics_problem(big, counts, second) == f"class_sums: values beyond {MAX_STATISTIC:g}"
     huge = second.clone()
     huge[1, 1] = 2 * MAX_STATISTIC
-    assert statistics_problem(sums, counts, huge) == f"second_moment: values beyond {MAX_STATISTIC:g}"
+    assert (
+        statistics_problem(sums, counts, huge) == f"second_moment: values beyond {MAX_STATISTIC:g}"
+    )
 
 
 def test_the_singleton_class_counts_in_the_scatter():
@@ -180,7 +184,9 @@ def test_statistics_at_the_bound_and_asymmetry_within_a_larger_tolerance_pass():
     sums, counts, second = _stats(f, torch.tensor([0, 1]), 2)
     edge = sums.clone()
     edge[0, 1] = MAX_STATISTIC
-    assert statistics_problem(edge, counts, second) != f"class_sums: values beyond {MAX_STATISTIC:g}"
+    assert (
+        statistics_problem(edge, counts, second) != f"class_sums: values beyond {MAX_STATISTIC:g}"
+    )
     skew = second.clone()
     skew[0, 1] += 5.5e-9
     assert statistics_problem(sums, counts, skew) is None

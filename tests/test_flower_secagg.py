@@ -61,8 +61,6 @@ from smoke import one_torch_thread  # noqa: F401  (an autouse fixture)
 EPS32 = float(torch.finfo(torch.float32).eps)
 
 
-
-
 # --------------------------------------------------------------------------- spies
 class UploadSpy(Observer):
     """What a runtime shows its observers: broadcasts and individual uploads."""
@@ -341,7 +339,9 @@ def test_uniform_weighting_gives_the_plain_mean(cache: Path, plain: tuple[Any, U
     """FedAvg with ``weighting=uniform`` (FedBFPT's and the schemes' default):
     every client weighs 1, so the server learns no sample count either."""
     _, plain_spy = plain
-    transport, result, _, _ = run_secure(fedavg_job(cache, weighting="uniform"), weighting="uniform")
+    transport, result, _, _ = run_secure(
+        fedavg_job(cache, weighting="uniform"), weighting="uniform"
+    )
     (secure,) = transport.history
     assert secure.weights == {0: 1, 1: 1, 2: 1} and secure.plan.max_weight == 1
     assert excess(result.state, plain_spy.uploads, secure.plan, uniform=True) <= 0
@@ -392,7 +392,9 @@ def test_a_client_without_a_supernode_is_left_out_of_the_mean(
 
 def test_a_round_with_fewer_than_min_clients_stops_the_run(cache: Path) -> None:
     job = fedavg_job(cache, fail=[2], overrides=["server.min_clients=3"])
-    with pytest.raises(UploadError, match=r"2 usable upload\(s\) of 3 client\(s\), fewer than server.min_clients=3"):
+    with pytest.raises(
+        UploadError, match=r"2 usable upload\(s\) of 3 client\(s\), fewer than server.min_clients=3"
+    ):
         run_secure(job)
     assert job.method.means == []  # the mean of too few never reached aggregation
 

@@ -203,7 +203,9 @@ def test_resize_uint8_is_antialiased_bilinear_rounded_and_clamped():
 
     image = torch.tensor([[[0, 255], [255, 255]]], dtype=torch.uint8)  # 1x2x2
     assert resize_uint8(image, 1).tolist() == [[[191]]]  # (0 + 3 * 255) / 4 = 191.25
-    big = torch.randint(0, 256, (3, 8, 8), generator=torch.Generator().manual_seed(0)).to(torch.uint8)
+    big = torch.randint(0, 256, (3, 8, 8), generator=torch.Generator().manual_seed(0)).to(
+        torch.uint8
+    )
     out = resize_uint8(big, 3)
     ref = F.interpolate(big.float()[None], size=(3, 3), mode="bilinear", antialias=True)[0]
     assert out.shape == (3, 3, 3) and out.dtype == torch.uint8

@@ -89,7 +89,9 @@ def import_graph() -> dict[str, set[str]]:
                     up = package.split(".")[: len(package.split(".")) - node.level + 1]
                     base = ".".join([*up, base] if base else up)
                 # `from a.b import c` imports the submodule a.b.c when there is one
-                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names]
+                targets = [
+                    f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base for a in node.names
+                ]
             for t in targets:
                 if t.startswith("osfl"):
                     r = resolve(t)

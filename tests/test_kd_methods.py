@@ -65,9 +65,7 @@ def test_deepinversion_beats_chance(setup) -> None:
 
 
 def test_adi_beats_chance(setup) -> None:
-    acc, _ = run(
-        setup, "adi", **TINY, inversion=INV, distill={"batch_size": 32}, target="ensemble"
-    )
+    acc, _ = run(setup, "adi", **TINY, inversion=INV, distill={"batch_size": 32}, target="ensemble")
     assert acc > 0.5
 
 
@@ -171,5 +169,7 @@ def test_nested_options_reach_every_key_and_unknown_ones_name_their_level() -> N
     m = method_config(METHODS.get("dense"), cfg.method["dense"])
     assert (m.distill.lr, m.generator.steps, m.epochs) == (0.02, 3, 2)
     assert m.distill.temperature == 20.0  # the rest of DENSE's own distill defaults stay
-    with pytest.raises(ConfigError, match=r"unknown option 'lrr' \(did you mean 'lr'\?\) in method\.dense\.distill"):
+    with pytest.raises(
+        ConfigError, match=r"unknown option 'lrr' \(did you mean 'lr'\?\) in method\.dense\.distill"
+    ):
         method_config(METHODS.get("dense"), {"distill": {"lrr": 0.1}})

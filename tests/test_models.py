@@ -17,8 +17,6 @@ from smoke import small_model_kwargs
 NUM_CLASSES = 7
 
 
-
-
 def _input(model: nn.Module, name: str, batch: int = 2) -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
     if hasattr(model, "patch_embed"):

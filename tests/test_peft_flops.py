@@ -15,7 +15,9 @@ from osfl.methods.peft.flops import forward_gflops, trainable_parameters
 @pytest.mark.parametrize("batch", [1, 3])
 def test_a_linear_layer_costs_two_flops_per_multiply_add_per_image(batch) -> None:
     layer = nn.Linear(10, 20, bias=False)
-    assert forward_gflops(layer, torch.zeros(batch, 10)) == pytest.approx(2 * 10 * 20 / 1e9, rel=1e-12)
+    assert forward_gflops(layer, torch.zeros(batch, 10)) == pytest.approx(
+        2 * 10 * 20 / 1e9, rel=1e-12
+    )
 
 
 def test_an_empty_batch_is_not_divided_by_zero() -> None:

@@ -267,7 +267,9 @@ def test_client_costs_follow_the_round_and_the_client() -> None:
     sizes = dict(model.named_parameters())
     for rnd in (0, 2, 3):
         costs = m.client_costs(rnd, 1)
-        assert costs["trainable_parameters"] == sum(sizes[n].numel() for n in m.client_names(rnd, 1))
+        assert costs["trainable_parameters"] == sum(
+            sizes[n].numel() for n in m.client_names(rnd, 1)
+        )
     ra, _ = method("fedra", "method.fedra.depths=[2,1]")
     sizes = dict(ra.build_model().named_parameters())
     clients = range(ra.run.num_clients)

@@ -33,8 +33,7 @@ SHAPES = {"conv.weight": (4, 3, 2, 2), "fc.bias": (5,)}
 def clients(n: int, seed: int, spread: float = 1.0) -> list[dict[str, torch.Tensor]]:
     rng = np.random.default_rng(seed)
     return [
-        {k: torch.from_numpy(rng.normal(0, spread, s)) for k, s in SHAPES.items()}
-        for _ in range(n)
+        {k: torch.from_numpy(rng.normal(0, spread, s)) for k, s in SHAPES.items()} for _ in range(n)
     ]
 
 
@@ -78,9 +77,10 @@ def test_the_trimmed_mean_cuts_up_where_flower_cuts_down() -> None:
     states = clients(5, 7)
     flower = aggregate_trimmed_avg(flower_results(states, [1] * 5), 0.1)
     assert_same(rule("mean", states, [1] * 5), flower)
-    assert_same(rule("trimmed_mean", states, [1] * 5, trim_fraction=0.2), aggregate_trimmed_avg(
-        flower_results(states, [1] * 5), 0.2
-    ))
+    assert_same(
+        rule("trimmed_mean", states, [1] * 5, trim_fraction=0.2),
+        aggregate_trimmed_avg(flower_results(states, [1] * 5), 0.2),
+    )
     ours = rule("trimmed_mean", states, [1] * 5, trim_fraction=0.1)
     assert not torch.allclose(ours["fc.bias"], torch.from_numpy(flower[1]))
 

@@ -127,11 +127,15 @@ def test_centered_clip_equals_the_authors_iteration_and_reaches_its_fixed_point(
     # to its fixed point: four honest pulls of (1 - v) against one clipped push of
     # tau / |(1, 1, 1, 1)| = 1 per coordinate: 4 (1 - v) = 1, v = 0.75
     rule = ServerConfig(aggregator="centered_clip", clip_norm=2.0)
-    fixed = aggregate_states(states, [9, 1, 1, 1, 1], rule, rule="centered_clip", reference=reference)
+    fixed = aggregate_states(
+        states, [9, 1, 1, 1, 1], rule, rule="centered_clip", reference=reference
+    )
     assert torch.allclose(fixed["w"], torch.full((4,), 0.75), atol=1e-5)
     # the poison's size does not matter, only that it is one of five (uniform, as the paper)
     states[-1]["w"] = torch.full((4,), -1e30)
-    again = aggregate_states(states, [9, 1, 1, 1, 1], rule, rule="centered_clip", reference=reference)
+    again = aggregate_states(
+        states, [9, 1, 1, 1, 1], rule, rule="centered_clip", reference=reference
+    )
     assert torch.allclose(again["w"], fixed["w"], atol=1e-5)
     assert int(fixed["n"]) == round((0 * 9 + 1 + 2 + 3 + 4) / 13)  # integers: weighted mean
 

@@ -350,7 +350,9 @@ def test_feddc_audit_history_names_exactly_what_the_server_knows(digits) -> None
     names = lambda h: {key.split(".")[2] for key in h}  # noqa: E731
     hist = method.audit_history(s1, 1, {"num_samples": 16})
     assert names(hist) == {"drift", "correction", "global_update", "update"}
-    torch.testing.assert_close(hist[f"history.feddc.global_update.{k}"], torch.full_like(s0.model[k], 0.2))
+    torch.testing.assert_close(
+        hist[f"history.feddc.global_update.{k}"], torch.full_like(s0.model[k], 0.2)
+    )
     torch.testing.assert_close(hist[f"history.feddc.update.{k}"], torch.full_like(s0.model[k], 0.3))
     unseen = method.audit_history(dataclasses.replace(s1, clients={}), 1, {"num_samples": 16})
     assert float(unseen[f"history.feddc.drift.{k}"].abs().sum()) == 0.0

@@ -181,9 +181,7 @@ def test_site_scores_are_checked_and_merged_exactly() -> None:
 
 # --------------------------------------------------------------------------- identity
 def _registry(path: Path, sizes: dict[int, int], nodes: dict[int, int]) -> str:
-    entries = [
-        {"partition-id": c, "node-id": nodes[c], "num-samples": n} for c, n in sizes.items()
-    ]
+    entries = [{"partition-id": c, "node-id": nodes[c], "num-samples": n} for c, n in sizes.items()]
     path.write_text(json.dumps({"sites": entries}))
     return str(path)
 

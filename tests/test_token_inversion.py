@@ -250,7 +250,9 @@ def test_fedpft_draws_count_per_class_and_skip_empty_classes() -> None:
     g = torch.Generator().manual_seed(0)
     expect = torch.cat([sample_gmm_rows(rows[0], 2, g, VAR_FLOOR),
                         sample_gmm_rows(rows[3], 1, g, VAR_FLOOR)])[:, None]  # fmt: skip
-    assert syn.shape == (3, 1, d) and torch.equal(syn, expect)  # class 1: 0 images; class 2: no rows
+    assert syn.shape == (3, 1, d) and torch.equal(
+        syn, expect
+    )  # class 1: 0 images; class 2: no rows
     empty = tokens.synthetic(Observation(0, 0, upload_meta={"class_counts": [0, 0]}),
                              torch.Generator())  # fmt: skip
     assert empty.shape == (0, 1, d) and empty.dtype == torch.float32

@@ -74,7 +74,9 @@ def test_garbage_and_pickles_are_refused_not_unpickled(capsys) -> None:
 
 
 def test_validate_accepts_a_matching_upload() -> None:
-    spec = UploadSpec({"w": TensorSpec((3, None), torch.float32)}, meta={"num_samples": NUM_SAMPLES})
+    spec = UploadSpec(
+        {"w": TensorSpec((3, None), torch.float32)}, meta={"num_samples": NUM_SAMPLES}
+    )
     validate(_upload(), spec, client=1)
 
 

@@ -50,7 +50,9 @@ def test_records_carry_validation_accuracy_and_the_best_round() -> None:
     assert all("validation_accuracy" in p for p in record["curve"])
     best = record["best_on_validation"]
     assert best["validation_accuracy"] == max(p["validation_accuracy"] for p in record["curve"])
-    assert best["accuracy"] == next(p["accuracy"] for p in record["curve"] if p["round"] == best["round"])
+    assert best["accuracy"] == next(
+        p["accuracy"] for p in record["curve"] if p["round"] == best["round"]
+    )
 
 
 def test_a_bad_fraction_is_refused() -> None:

@@ -62,7 +62,12 @@ class RuleParams(Protocol):
 
 
 Aggregator = Callable[
-    [Sequence[Mapping[str, torch.Tensor]], np.ndarray, Mapping[str, torch.Tensor] | None, RuleParams],
+    [
+        Sequence[Mapping[str, torch.Tensor]],
+        np.ndarray,
+        Mapping[str, torch.Tensor] | None,
+        RuleParams,
+    ],
     StateDict,
 ]
 AGGREGATORS: Registry[Aggregator] = Registry("aggregator")
@@ -144,7 +149,9 @@ def _updates(
     rows = []
     for s in states:
         parts = [
-            (s[k].to(torch.float64) - (reference[k].to(torch.float64) if reference else 0)).flatten()
+            (
+                s[k].to(torch.float64) - (reference[k].to(torch.float64) if reference else 0)
+            ).flatten()
             for k in keys
         ]
         rows.append(torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64))

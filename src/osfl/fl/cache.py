@@ -174,7 +174,9 @@ class ClientCache:
         if aux:
             blobs["aux"] = save(_cpu_copies(aux))
         sums = {role: hashlib.sha256(b).hexdigest() for role, b in blobs.items()}
-        text = json.dumps({**dict(meta or {}), "sha256": sums}, sort_keys=True, indent=2, default=str)
+        text = json.dumps(
+            {**dict(meta or {}), "sha256": sums}, sort_keys=True, indent=2, default=str
+        )
         self._atomic_write(sidecar, lambda p: Path(p).write_text(text))
         if aux:
             self._atomic_write(self._aux_path(key), lambda p: Path(p).write_bytes(blobs["aux"]))
@@ -251,7 +253,9 @@ def _mismatch(state: Mapping[str, torch.Tensor], like: Mapping[str, torch.Tensor
     for name, want in like.items():
         got = state[name]
         if got.shape != want.shape or got.dtype != want.dtype:
-            return f"{name}: {got.dtype}{tuple(got.shape)}, expected {want.dtype}{tuple(want.shape)}"
+            return (
+                f"{name}: {got.dtype}{tuple(got.shape)}, expected {want.dtype}{tuple(want.shape)}"
+            )
     return None
 
 

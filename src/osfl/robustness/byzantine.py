@@ -82,8 +82,12 @@ class ByzantineConfig:
     def __post_init__(self) -> None:
         POISONS.get(self.kind)  # unknown name -> ConfigError listing the valid ones
         if self.pick not in PICKS:
-            raise ConfigError(f"byzantine.pick must be one of {', '.join(PICKS)}, got {self.pick!r}")
-        if self.pick != "ids" and (self.clients or not (type(self.count) is int and self.count >= 1)):
+            raise ConfigError(
+                f"byzantine.pick must be one of {', '.join(PICKS)}, got {self.pick!r}"
+            )
+        if self.pick != "ids" and (
+            self.clients or not (type(self.count) is int and self.count >= 1)
+        ):
             raise ConfigError(
                 f"byzantine.pick={self.pick} chooses the clients itself: give byzantine.count "
                 f">= 1 (got {self.count!r}) and no byzantine.clients (got {self.clients})"

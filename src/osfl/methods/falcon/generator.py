@@ -328,7 +328,11 @@ class MDNHead(nn.Module):
         # a zero-filled copy of the whole output (three per step, 7 % of a
         # generator step on CPU, BENCHMARKS.md); split's backward concatenates
         logit_pi, mu, logvar = out.split([k, k * d, k * d], dim=-1)
-        return logit_pi, mu.unflatten(-1, (k, d)), logvar.unflatten(-1, (k, d)).clamp(*self.logvar_range)
+        return (
+            logit_pi,
+            mu.unflatten(-1, (k, d)),
+            logvar.unflatten(-1, (k, d)).clamp(*self.logvar_range),
+        )
 
 
 class SequenceGenerator(nn.Module):

@@ -166,6 +166,7 @@ class FedMITRConfig(KDConfig):
 @register_method("fedmitr")
 class FedMITR(DistillationMethod):
     """Sparse model inversion + token relabel (see the module docstring)."""
+
     card: ClassVar[MethodCard] = dataclasses.replace(
         DistillationMethod.card,
         summary=(

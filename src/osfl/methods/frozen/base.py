@@ -104,6 +104,7 @@ TINY_VIT_SMOKE = (
 class FrozenEncoderMethod(Method):
     """Base of the frozen-encoder methods: ``Config`` has an ``encoder``
     (:class:`EncoderConfig`) field; subclasses say which views they encode."""
+
     card: ClassVar[MethodCard] = MethodCard(regime="frozen_encoder", uploads="statistics")
 
     def __init__(self, config: Any, run: RunContext):

@@ -154,6 +154,7 @@ class PEFTMethod(FedAvg, Reporting):
     also vary the set per client or round (:meth:`client_names`,
     :meth:`global_names`) and train a view of the model (:meth:`client_view`).
     """
+
     card: ClassVar[MethodCard] = dataclasses.replace(
         FedAvg.card,
         server_rule=False,  # each tensor averaged over its holders (holder_average)

@@ -114,5 +114,3 @@ def global_model_state(round: int) -> str:
 
 def _fail(obs: Observation, why: str) -> dict[str, Any]:
     return {"round": obs.round, "client": obs.client_id, "reason": why}
-
-

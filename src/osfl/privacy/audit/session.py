@@ -77,5 +77,3 @@ class AuditSession:
         return score_observations(
             obs, self.spec.attacks, aux, transform=self.run.eval_transform, device=device
         )
-
-

@@ -96,5 +96,3 @@ def parse_audit(items: Sequence[Any] | None) -> AuditSpec | None:
         if opts.get(k) is not None:
             opts[k] = tuple(int(v) for v in opts[k])
     return AuditSpec(attacks=tuple(attacks), **opts)
-
-
