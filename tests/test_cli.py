@@ -272,9 +272,9 @@ def test_run_caches_its_federations(tmp_path) -> None:
 def test_progress_board_is_live_only_on_a_terminal() -> None:
     from rich.console import Console
 
-    from osfl.cli import _progress_board
+    from osfl.commands.common import progress_board
     from osfl.fl.progress import RichProgress
 
-    assert isinstance(_progress_board(Console(force_terminal=True), True), RichProgress)
-    assert not _progress_board(Console(force_terminal=True), False).enabled  # --no-progress
-    assert not _progress_board(Console(file=io.StringIO()), True).enabled  # piped
+    assert isinstance(progress_board(Console(force_terminal=True), True), RichProgress)
+    assert not progress_board(Console(force_terminal=True), False).enabled  # --no-progress
+    assert not progress_board(Console(file=io.StringIO()), True).enabled  # piped

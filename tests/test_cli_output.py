@@ -11,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from osfl import cli
+from osfl.commands import common
 from osfl.fl.progress import RichProgress
 
 LONG = "client 3: local training: " + " ".join(f"word{i}" for i in range(40))
@@ -30,7 +31,7 @@ def osfl_logger():
 def test_in_a_terminal_logs_go_through_the_progress_display_whole(osfl_logger) -> None:
     screen = io.StringIO()
     console = Console(file=screen, force_terminal=True, width=60, color_system=None)
-    cli._setup_logging(0, console)
+    common.setup_logging(0, console)
     (handler,) = [h for h in osfl_logger.handlers if getattr(h, "console", None) is not None]
     assert handler.console is console  # the console the live display draws on
     with RichProgress(console) as board, board.task("client 3: local training", total=10) as bar:
@@ -45,15 +46,15 @@ def test_in_a_terminal_logs_go_through_the_progress_display_whole(osfl_logger) -
 
 def test_piped_logs_are_plain_lines_on_stderr(osfl_logger, capsys) -> None:
     console = Console(file=io.StringIO())  # not a terminal
-    cli._setup_logging(0, console)
+    common.setup_logging(0, console)
     logging.getLogger("osfl.fl.training").warning(LONG)
     err = capsys.readouterr().err
     assert err == f"WARNING {LONG}\n"
 
 
 def test_piped_output_has_no_colour_and_no_wrapped_table(capsys) -> None:
-    console = cli._make_console()  # pytest captures stdout: not a terminal
-    assert not console.is_terminal and console.width == cli.PIPED_WIDTH
+    console = common.make_console()  # pytest captures stdout: not a terminal
+    assert not console.is_terminal and console.width == common.PIPED_WIDTH
     table = Table(title="privacy audit")
     for name in ("method", "attack", "threat model", "notes"):
         table.add_column(name)

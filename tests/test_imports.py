@@ -1,7 +1,7 @@
 """Data flows one way: no import cycle anywhere in ``src/osfl`` (function-level
 and ``TYPE_CHECKING`` imports included), every import goes down the layers
 data → models → fl → flower (adapters) → config/report/rundir →
-methods/privacy/pretrain → assembly → experiment → runner → cli/flower.app,
+methods/privacy/pretrain → assembly → experiment → runner → cli/commands/flower.app,
 nothing in ``osfl.fl`` (or below) imports ``flwr``, and every module imports in
 a fresh interpreter.
 
@@ -20,6 +20,7 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 #: layer of a module = the first matching prefix's rank (most specific first)
 LAYERS: list[tuple[str, int]] = [
     ("osfl.cli", 10),
+    ("osfl.commands", 10),
     ("osfl.flower.app", 10),
     ("osfl.runner", 9),
     ("osfl.suite", 9),

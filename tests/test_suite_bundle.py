@@ -111,14 +111,14 @@ def test_ctrl_c_in_a_real_command_exits_130_and_runs_nothing_more(
 ) -> None:
     """Through ``osfl suite run``: Ctrl-C inside the encoder step's ``osfl
     pretrain`` stops the suite with exit status 130; no frozen step runs."""
-    import osfl.cli
+    import osfl.commands.pretrain
 
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
 
     def interrupted(args):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(osfl.cli, "cmd_pretrain", interrupted)
+    monkeypatch.setattr(osfl.commands.pretrain, "cmd_pretrain", interrupted)
     rates = tmp_path / "rates.json"
     fast = {k: 1e9 for k in RATES}  # every tiny step fits
     rates.write_text(json.dumps({**fast, "startup_s": 0.0, "tiny": True}))

@@ -14,6 +14,11 @@ CIFAR-10's classes decodes only those from the pack (the image folder's
 ``classes`` option beside its ``data.classes``). Each step has a ``tiny``
 form on digits (8 px; 16 px, LeNet-5's least, for the RLU scripts) that
 ``--dry-run`` runs on a CPU through the very same path.
+
+Why one file over 500 lines: it is data, one builder per paper's row, and
+the order of value (``STEPS`` at the end) is read against all of them at
+once; split per paper, each file would import the shared command pieces
+above and the order would live apart from what it orders.
 """
 
 from __future__ import annotations

@@ -1,0 +1,120 @@
+"""``osfl suite run|list|pack|mfu|import``: a lent GPU's budget as paper-scale
+runs and REPRODUCTION rows (docs/gpu-suite.md)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+from functools import partial
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from osfl.suite.execute import RunCommand
+
+
+def cmd_suite(args: argparse.Namespace, run_command: RunCommand) -> int:
+    """``osfl suite run|list|pack|mfu|import``: a lent GPU's minutes as
+    REPRODUCTION rows (docs/gpu-suite.md). ``run_command`` runs one osfl
+    command in this process (``osfl.cli.main``, which the CLI hands in)."""
+    if args.suite_command == "mfu":
+        # heavy: torch (the benchmark)
+        from osfl.suite import mfu
+
+        return mfu.main(args.rest)
+    if args.suite_command == "pack":
+        # heavy: numpy, torch (osfl.suite.pack reads packs through osfl.data)
+        from osfl.suite.pack import check_max_per_class, download_lent_wheels, pack
+
+        check_max_per_class(args.max_per_class)  # before any download; pack() leaves no --out
+        source = args.cifar10 or os.environ.get("OSFL_CIFAR10")
+        with tempfile.TemporaryDirectory() as tmp:
+            wheels = download_lent_wheels(Path(tmp)) if args.wheels else []
+            manifest = pack(args.out, cifar10=source, weights=args.weights or [],
+                            wheels=wheels, max_per_class=args.max_per_class)  # fmt: skip
+        for name, entry in manifest["files"].items():
+            print(f"{args.out}/{name}: {entry['bytes'] / 2**20:.1f} MiB")
+        print(f"total {manifest['total_bytes'] / 2**20:.1f} MiB of "
+              f"{manifest['limit_bytes'] / 2**20:.0f} MiB")  # fmt: skip
+        return 0
+    if args.suite_command == "import":
+        # heavy: the bundle readers (~6 ms); only `osfl suite import` pays for them
+        from osfl.suite.importer import import_bundle
+
+        counts = import_bundle(Path(args.bundle), Path(args.repo), allow_dry_run=args.allow_dry_run)
+        for section, n in counts.items():
+            print(f"{section}: {n} row(s) -> reproduction/gpu_suite_{section}.json")
+        return 0
+    # heavy: the catalogue and planner (~20 ms); `osfl --help` needs none of it
+    from osfl.suite.catalogue import STEPS
+    from osfl.suite.plan import select_steps
+    from osfl.suite.steps import command_text
+
+    sections = [s for s in (args.sections or "").split(",") if s]
+    if args.suite_command == "list":
+        for step in select_steps(sections, STEPS):
+            print(f"{step.section:9} {step.name:28} {command_text(step.argv)}")
+        return 0
+    # heavy: numpy (osfl.suite.execute reads packs), torch once a step runs
+    from osfl.suite.bundle import read_json
+    from osfl.suite.execute import SuiteRequest, check_budget, run_suite
+
+    check_budget(args.budget)  # nan, inf, <= 0: one line, before anything is written
+    pack_dir = Path(args.pack) if args.pack and Path(args.pack).exists() else None
+    names = [s for s in (args.steps or "").split(",") if s]
+    rates = read_json(Path(args.rates), dict) if args.rates else None
+    req = SuiteRequest(out=Path(args.out), budget_min=args.budget, sections=sections,
+                       step_names=names, dry_run=args.dry_run, pack_dir=pack_dir, rates=rates,
+                       bundle=Path(args.bundle) if args.bundle else None,
+                       repo=None if args.dry_run else Path("."))  # fmt: skip
+    result = run_suite(req, run_command)
+    done = sum(p.status == "done" for p in result.planned)
+    print(f"{done} of {len(result.planned)} steps finished in {result.wall_s:.0f} s "
+          f"(rates {result.rates_s:.0f} s); rows: {args.out}/reproduction_gpu.md, bundle: "
+          f"{args.bundle or Path(args.out) / 'bundle'}")  # fmt: skip
+    return 0
+
+
+def add_parser(sub: Any, run_command: RunCommand) -> None:
+    """``osfl suite`` and its commands; ``run_command`` is the CLI's own entry
+    point (``osfl.cli.main``), handed in: this module cannot import it back."""
+    func = partial(cmd_suite, run_command=run_command)
+    suite = sub.add_parser(
+        "suite", help="a lent GPU's budget as paper-scale runs and REPRODUCTION rows"
+    )
+    ssub = suite.add_subparsers(dest="suite_command", required=True)
+    srun = ssub.add_parser("run", help="measure, plan within the budget, run, write the rows")
+    srun.add_argument("--budget", type=float, required=True, help="device minutes to spend")
+    srun.add_argument("--sections", help="comma-separated sections (default all): "
+                      "pretrain,frozen,fafi,mfu,eftvit")  # fmt: skip
+    srun.add_argument("--out", default="runs/suite", help="the suite's directory")
+    srun.add_argument("--pack", default="gpu_pack", help="the packed data folder, if present")
+    srun.add_argument("--dry-run", action="store_true",
+                      help="the same path on a CPU at a tiny scale (8-px digits)")  # fmt: skip
+    srun.add_argument("--steps", help="comma-separated step names: only these (and what they "
+                      "need), run even when over the plan's budget or cap")  # fmt: skip
+    srun.add_argument("--rates", help="a rates.json to plan with instead of measuring")
+    srun.add_argument("--bundle", help="where the bundle goes (default OUT/bundle)")
+    srun.set_defaults(func=func)
+    simp = ssub.add_parser("import", help="a job's bundle into reproduction/ and REPRODUCTION.md")
+    simp.add_argument("bundle", help="the bundle folder a job returned")
+    simp.add_argument("--repo", default=".", help="the repository root (default .)")
+    simp.add_argument("--allow-dry-run", action="store_true",
+                      help="import a dry run's rows too (tests only)")  # fmt: skip
+    simp.set_defaults(func=func)
+    slist = ssub.add_parser("list", help="the catalogue of steps in order of value")
+    slist.add_argument("--sections", help="comma-separated sections (default all)")
+    slist.set_defaults(func=func)
+    spack = ssub.add_parser("pack", help="pack CIFAR-10 and weights for a lent machine")
+    spack.add_argument("--out", default="gpu_pack", help="the pack folder (git-ignored)")
+    spack.add_argument("--cifar10", help="the CIFAR-10 image folder (default $OSFL_CIFAR10)")
+    spack.add_argument("--weights", action="append", help="a weights file (repeatable)")
+    spack.add_argument("--max-per-class", type=int, help="pack at most N >= 1 images per class")
+    spack.add_argument("--wheels", action="store_true",
+                       help="also pack the Python packages the lent machine lacks (pip download)")  # fmt: skip
+    spack.set_defaults(func=func)
+    smfu = ssub.add_parser("mfu", help="MFU of one training step (osfl suite mfu --help)",
+                           add_help=False)  # fmt: skip
+    smfu.add_argument("rest", nargs=argparse.REMAINDER)
+    smfu.set_defaults(func=func)
