@@ -26,6 +26,7 @@ recorded equals the machine's (``scripts/check_docs.py``).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -133,8 +134,10 @@ def _probe_onednn() -> str | None:
     return None
 
 
+@functools.cache
 def _cpuinfo() -> dict[str, str]:
-    """The first processor's fields of /proc/cpuinfo (empty off Linux)."""
+    """The first processor's fields of /proc/cpuinfo (empty off Linux); read
+    once per process: every client's cache key asks for the fingerprint."""
     fields: dict[str, str] = {}
     try:
         text = Path("/proc/cpuinfo").read_text(errors="replace")
@@ -148,6 +151,7 @@ def _cpuinfo() -> dict[str, str]:
     return fields
 
 
+@functools.cache
 def _caches() -> str:
     """The data and unified caches of CPU 0 (``L1d 48K L2 1024K L3 32768K``):
     oneDNN and MKL size their blocks by them."""
