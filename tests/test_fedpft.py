@@ -112,6 +112,25 @@ def test_client_upload_classes_small_and_dropped(tiny) -> None:
     assert {int(k.split(".")[1]) for k in up2.tensors} == set(np.flatnonzero(counts > 4).tolist())
 
 
+def test_the_float16_upload_is_rounded_once(tiny, monkeypatch) -> None:
+    """The rows are rounded float64 -> float16 once, to nearest (numpy, as
+    Flower's client does): torch's cast goes through float32, and a value just
+    below a float16 tie, 0.51635740... (the tie is 1057.5 float16 steps of
+    2^-11), rounds to the tie in float32 and then up. Which values land there
+    depends on the CPU kernel path that computed the features, so a double
+    rounding made the upload machine-dependent."""
+    below_tie = 1057.5 * 2.0**-11 - 2e-11
+    assert torch.tensor(below_tie, dtype=torch.float64).half().item() == 1058 * 2.0**-11
+    monkeypatch.setattr(
+        "osfl.methods.fedpft.fit_class_gmm",
+        lambda features, k, **_: np.full((1, 1 + 2 * features.shape[1]), below_tie),
+    )
+    ctx = seed_ctx(tiny)
+    up, _ = upload_of(FedPFT(method_config(FedPFT, FAST), ctx.run), ctx, 0)
+    for rows in up.tensors.values():
+        assert bool((rows.double() == 1057 * 2.0**-11).all())
+
+
 def test_server_sampling_matches_the_mixture() -> None:
     rows = torch.tensor([[0.25, -5.0, 0.0, 0.01, 0.01], [0.75, 5.0, 1.0, 0.04, 0.04]])
     x = sample_gmm_rows(rows, 4000, torch.Generator().manual_seed(0), 1e-6)

@@ -322,12 +322,18 @@ def _record_batches(monkeypatch: pytest.MonkeyPatch, module: Any) -> list[tuple]
 
 
 def test_dense_synthesis_follows_its_loss_terms(task: Task, monkeypatch) -> None:
-    """DENSE's generator loss (Zhang et al., NeurIPS 2022, Eq. 5-7): more
-    generator steps give images the ensemble labels as asked (the CE term);
-    the BN term brings their statistics to every client's running ones."""
+    """DENSE's generator loss (Zhang et al., NeurIPS 2022, Eq. 5-7): with the
+    CE term alone, more generator steps give images the ensemble labels as
+    asked, and with every term off the generator does not move; the BN term
+    brings the images' statistics to every client's running ones.
+
+    The CE term is measured alone: with the BN and adversarial terms on, the
+    gain over 15 steps is 0.1-0.2 of agreement and moves by as much across
+    CPU kernel paths; alone it is 0.56-0.66 on every path measured (native,
+    AVX2, SSE4.1)."""
     batches = _record_batches(monkeypatch, dense_module)
     teacher = EnsembleTeacher(task.members)
-    one = {**BUDGETS["dense"], "epochs": 1, "generator": {"lr": 0.01}}
+    one = {**BUDGETS["dense"], "epochs": 1, "bn_weight": 0.0, "adv_weight": 0.0}
 
     def synthetic(**options: Any) -> tuple[torch.Tensor, torch.Tensor]:
         batches.clear()
@@ -335,15 +341,21 @@ def test_dense_synthesis_follows_its_loss_terms(task: Task, monkeypatch) -> None
         ((x, y, _terms),) = batches
         return x, y
 
-    def agreement(x: torch.Tensor, y: torch.Tensor) -> float:
+    def agreement_and_ce(x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
         with torch.no_grad():
-            return float((teacher(x).argmax(1) == y).float().mean())
+            out = teacher(x)
+        return float((out.argmax(1) == y).float().mean()), float(F.cross_entropy(out, y))
 
     def steps(n: int) -> dict[str, Any]:
         return {"generator": {"steps": n, "lr": 0.01}}
 
-    short, long = synthetic(**steps(1)), synthetic(**steps(15))
-    assert agreement(*long) > agreement(*short) + 0.2
+    short = agreement_and_ce(*synthetic(**steps(1)))
+    long = agreement_and_ce(*synthetic(**steps(15)))
+    assert long[0] > short[0] + 0.4
+    assert long[1] < 0.6 * short[1]
+    still = agreement_and_ce(*synthetic(**steps(15), oh_weight=0.0))
+    assert still == short  # no term, no gradient: the generator stays where it started
+
     bn_off = synthetic(**steps(15), bn_weight=0.0)[0]
     bn_on = synthetic(**steps(15), bn_weight=5.0)[0]
     distance = {

@@ -233,7 +233,11 @@ class FedPFT(FrozenEncoderMethod, SiteEvaluation, Reporting):
                 max_iter=cfg.max_iter,
                 single_variance=single,
             )
-            tensors[f"gmm.{int(c)}"] = torch.from_numpy(rows).to(torch.float16)
+            # numpy rounds float64 to float16 once, correctly; torch's cast goes
+            # through float32 on some CPU kernel paths (a double rounding that
+            # moves a value next to a float16 tie by one step, e.g. on oneDNN
+            # AVX2), so the upload would depend on the machine
+            tensors[f"gmm.{int(c)}"] = torch.from_numpy(rows.astype(np.float16))
         meta = {"num_samples": len(data), "class_counts": [int(n) for n in counts]}
         return Upload(tensors=tensors, meta=meta)
 
