@@ -16,7 +16,7 @@ their values, and the loss curves compare arithmetic, not data.
   variant, interleaved step by step in one process (ratios, not absolute
   times, are what survives a noisy machine): ``slices`` (the head as it was:
   three slices of its output), ``float32`` (osfl's default), ``bfloat16``
-  (``generator_fit.autocast=bfloat16``).
+  (``generator_fit.amp=true``).
 * ``--epochs N``: the mean training NLL of every epoch of ``osfl``'s own
   :func:`~osfl.fl.tensor_fit.fit` for float32 and bfloat16 from one seed,
   and float32 from a second seed (the noise a seed makes).
@@ -110,13 +110,13 @@ def curves(epochs: int) -> dict[str, list[float]]:
     """Per-epoch mean NLL of fit(): float32 and bfloat16 (seed 0), float32 (seed 1)."""
     s, y = tokens()
     out = {}
-    for name, seed, cast in (
-        ("float32", 0, "none"),
-        ("bfloat16", 0, "bfloat16"),
-        ("float32 seed 1", 1, "none"),
+    for name, seed, amp in (
+        ("float32", 0, False),
+        ("bfloat16", 0, True),
+        ("float32 seed 1", 1, False),
     ):
         cfg = FitConfig(epochs=epochs, batch_size=BATCH, optimizer="adamw", lr=1e-4,
-                        weight_decay=1e-4, autocast=cast)  # fmt: skip
+                        weight_decay=1e-4, amp=amp)  # fmt: skip
         g = new_generator(seed, s)
         out[name] = fit(g, [s, y], lambda m, a, b: m.nll(b, a).mean(), cfg,
                         generator=torch.Generator().manual_seed(seed))  # fmt: skip

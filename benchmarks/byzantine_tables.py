@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from osfl.record import ranked_accuracy
 from osfl.report import read_metrics
 
 KINDS = ("sign_flip", "scale", "max", "random")
@@ -47,7 +48,7 @@ def collect(*run_dirs: str) -> dict[tuple[str, Attack], dict[int, float]]:
     out: dict[tuple[str, Attack], dict[int, float]] = defaultdict(dict)
     for d in run_dirs:
         for r in read_metrics(Path(d) / "metrics.json")["records"]:
-            out[(defender(r), attack(r))][int(r["seed"])] = 100 * float(r["global_test_accuracy"])
+            out[(defender(r), attack(r))][int(r["seed"])] = 100 * float(ranked_accuracy(r))
     return out
 
 

@@ -1,7 +1,7 @@
 """REPRODUCTION's EFTViT rows from its run directories: both predictors.
 
 Every EFTViT record holds the mean of the clients' own models (its
-``global_test_accuracy``, each client in ``client_accuracies``) and the
+``mean_client_accuracy``, each client in ``client_accuracies``) and the
 server's predictor (``server_accuracy``), at the end and, with
 ``eval_every``, per round (``curve``). This prints, per run directory and
 grid point (client learning rate × Dirichlet β), the final accuracy of both,
@@ -62,7 +62,7 @@ def row(record: Mapping[str, Any], targets: Mapping[float, float]) -> dict[str, 
         "lr": float(record["train"]["lr"]),
         "alpha": alpha,
         "seed": int(record["seed"]),
-        "clients_mean": round(100 * float(record["global_test_accuracy"]), 2),
+        "clients_mean": round(100 * float(record["mean_client_accuracy"]), 2),
         "server": round(100 * float(record["server_accuracy"]), 2),
         "clients": [None if a is None else round(100 * a, 2) for a in record["client_accuracies"]],
         "clients_not_sampled": record.get("clients_not_sampled", []),

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from osfl.methods.fens import FENSConfig
+from osfl.record import ranked_accuracy
 from osfl.report import read_metrics
 
 
@@ -52,7 +53,7 @@ def collect(run_dirs: list[str]) -> tuple[dict[str, dict[int, float]], dict[str,
     for d in run_dirs:
         for r in read_metrics(Path(d) / "metrics.json")["records"]:
             key = f"{Path(d).name}|{label(r)}|{r.get('point') or ''}"
-            acc[key][int(r["seed"])] = round(100 * float(r["global_test_accuracy"]), 4)
+            acc[key][int(r["seed"])] = round(100 * float(ranked_accuracy(r)), 4)
             sent[key] = int(r["bytes_up"]) + int(r["bytes_down"])
     return acc, sent
 

@@ -33,6 +33,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from osfl.record import ranked_accuracy
+
 ROOT = Path(__file__).resolve().parents[1]
 
 #: Kernel paths one x86-64 machine with AVX-512 can reach, by the variables
@@ -59,10 +61,10 @@ def accuracies(metrics: Path) -> dict[str, list[float]]:
     doc = json.loads(metrics.read_text())
     out: dict[str, list[float]] = {}
     for r in sorted(doc["records"], key=lambda r: r["seed"]):
-        if r.get("global_test_accuracy") is None:
+        if ranked_accuracy(r) is None:
             continue
         key = f"{r.get('point') or ''}/{r['method']}".lstrip("/")
-        out.setdefault(key, []).append(round(100 * r["global_test_accuracy"], 2))
+        out.setdefault(key, []).append(round(100 * ranked_accuracy(r), 2))
     return out
 
 

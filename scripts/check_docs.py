@@ -23,8 +23,9 @@ run must not start warning unnoticed).
 Accuracies on a CPU depend on the kernel paths torch dispatches to (ATen's
 capability, oneDNN's ISA, MKL's branch, the CPU's flags and caches: the CPU
 fingerprint of ``osfl.fl.fingerprint``); ``--update`` records the machine's
-fingerprint in the marker (``| recorded on ..., fingerprint ID``). Where this
-machine's fingerprint is the recorded one, every documented line must be
+fingerprint in the marker (``| recorded on ..., fingerprint ID``; ``; exact
+also on ID, ...`` adds machines where a re-run found every line exact). Where
+this machine's fingerprint is one of those, every documented line must be
 found exactly (a number that no longer re-runs there is a failure). On any
 other machine the check is the block's stated tolerance (``| elsewhere ±T``):
 every line must keep its shape, integers and sizes (``482.5 KiB``) must be
@@ -58,6 +59,8 @@ MARKER = re.compile(
     r"(?: \| elsewhere ±(?P<tol>[0-9.]+))? -->$"
 )
 FINGERPRINT = re.compile(r"fingerprint ([0-9a-f]{12})\b")
+#: other fingerprints on which the block was re-run and found exact
+EXACT_ALSO = re.compile(r"exact also on ((?:[0-9a-f]{12})(?:, [0-9a-f]{12})*)")
 FENCE = re.compile(r"^```")
 
 
@@ -87,6 +90,16 @@ def recorded_fingerprint(info: str | None) -> str | None:
     marker that recorded only torch and its capability)."""
     m = FINGERPRINT.search(info or "")
     return m[1] if m else None
+
+
+def exact_fingerprints(info: str | None) -> set[str]:
+    """Every fingerprint on which the block is checked exactly: the recorded
+    one and those a re-run there found exact (``; exact also on ID, ID``), so
+    the check stays strict on each machine known to give the documented
+    numbers (two fingerprints may differ in a field that did not move them)."""
+    recorded = recorded_fingerprint(info)
+    also = EXACT_ALSO.search(info or "")
+    return ({recorded} if recorded else set()) | (set(also[1].split(", ")) if also else set())
 
 
 def _fence_after(lines: list[str], i: int) -> tuple[int, int]:
@@ -336,8 +349,7 @@ def judge(block: Block, documented: str, fresh: str, here: str, tolerance: float
     """Whether ``fresh`` shows what the block documents: exactly on the
     machine the block was recorded on, within its tolerance elsewhere (the
     module docstring); prints the verdict and every difference."""
-    recorded = recorded_fingerprint(block.info)
-    if recorded is not None and recorded == recorded_fingerprint(here):
+    if recorded_fingerprint(here) in exact_fingerprints(block.info):
         missing = missing_lines(documented, fresh)
         extra = unexpected_warnings(documented, fresh)
         if not missing and not extra:

@@ -16,15 +16,25 @@ What counts as a name, in the page's code spans:
   for the few Flower names the page uses).
 
 Config keys, option values and shell commands are not checked.
+
+Two statements are checked against the code rather than by name: the layer
+order (the page's layer table, design.md's and tests/test_imports.py's own
+``a → b → c`` chains) against ``tests/test_imports.py::LAYERS``, the one place
+that declares it; and the page's list of commands against the parser
+``osfl.cli.build_parser`` builds.
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import importlib
 import re
 from functools import cache
 from pathlib import Path
+
+from osfl.cli import build_parser
+from test_imports import LAYERS, layer  # the one statement of the layer order
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "osfl"
@@ -165,3 +175,144 @@ def test_the_checker_finds_a_missing_name() -> None:
 def test_every_name_on_the_architecture_page_exists() -> None:
     wrong = [f"`{span}`: {why}" for span in spans() if (why := problem(span)) is not None]
     assert not wrong, "docs/architecture.md mentions:\n" + "\n".join(wrong)
+
+
+# ---- the layer order: one statement (tests/test_imports.py::LAYERS), checked here
+
+
+DESIGN_DOC = ROOT / "docs" / "design.md"
+IMPORTS_TEST = Path(__file__).with_name("test_imports.py")
+
+
+def layer_table() -> dict[int, list[str]]:
+    """docs/architecture.md's layer table: rank -> the modules its row names
+    (``data/`` -> ``osfl.data``, ``flower/app/`` -> ``osfl.flower.app``)."""
+    text = DOC.read_text().split("## Layers", 1)[1].split("\n## ", 1)[0]
+    table: dict[int, list[str]] = {}
+    for rank, cell in re.findall(r"^\| (\d+) \| ([^|]+) \|", text, flags=re.M):
+        names = re.findall(r"`([\w/]+?)(?:\.py|/)`", cell)
+        table[int(rank)] = ["osfl." + n.replace("/", ".") for n in names]
+    return table
+
+
+def stated_order(text: str) -> list[list[str]]:
+    """The first chain ``a → b/c → d`` in ``text`` (asides in parentheses and
+    backticks ignored): its groups of module names, bottom first."""
+    flat = re.sub(r"\s*\([^()]*\)", "", " ".join(text.split())).replace("`", "")
+    name = r"\w+(?:\.\w+)*"
+    group = rf"{name}(?:/{name})*"
+    found = re.search(rf"{group}(?: → {group})+", flat)
+    assert found, "no chain 'a → b → c' found"
+    return [["osfl." + n for n in group.split("/")] for group in found.group(0).split(" → ")]
+
+
+def order_problems(groups: list[list[str]]) -> list[str]:
+    """How a stated order differs from ``LAYERS``: a group whose modules lie in
+    different layers, a step that does not go up by exactly one layer, a layer
+    (above the base, 0) that the chain skips."""
+    problems = []
+    ranks = []
+    for group in groups:
+        here = {m: layer(m) for m in group}
+        if len(set(here.values())) != 1:
+            problems.append(f"{'/'.join(group)} spans layers {here}")
+        ranks.append(min(here.values()))
+    expected = sorted({rank for _, rank in LAYERS if rank > 0})
+    if ranks != expected:
+        problems.append(f"layers in the stated order {ranks}, LAYERS has {expected}")
+    return problems
+
+
+def test_the_layer_table_is_the_order_test_imports_enforces() -> None:
+    table = layer_table()
+    assert sorted(table) == sorted({rank for _, rank in LAYERS}), "one row per layer"
+    wrong = [
+        f"{m} is in row {rank}, LAYERS puts it in {layer(m)}"
+        for rank, mods in table.items()
+        for m in mods
+        if layer(m) != rank
+    ]
+    named = {m for mods in table.values() for m in mods}
+    missing = [p for p, _ in LAYERS if p not in named]
+    assert not wrong and not missing, "\n".join(wrong + [f"{p}: no row names it" for p in missing])
+
+
+def test_design_and_test_imports_state_the_same_order() -> None:
+    for path in (DESIGN_DOC, IMPORTS_TEST):
+        text = path.read_text()
+        if path == DESIGN_DOC:
+            text = text.split("## 3. Layout", 1)[1]
+        problems = order_problems(stated_order(text))
+        assert not problems, f"{path.name}: " + "; ".join(problems)
+
+
+def test_the_order_checker_finds_a_wrong_order() -> None:
+    """design.md once put config/report below the Flower adapters."""
+    wrong = "data → models → fl → config/report → flower → methods"
+    assert order_problems(stated_order(wrong))
+    assert order_problems(stated_order("data → models/fl"))
+    assert stated_order("x (aside → no) a → `b`/c (why) → d.") == [
+        ["osfl.a"],
+        ["osfl.b", "osfl.c"],
+        ["osfl.d"],
+    ]
+
+
+# ---- the CLI: the commands the page lists are the parser's
+
+
+def parser_commands() -> set[str]:
+    """Every command ``osfl`` parses, sub-commands spelt out (``suite run``)."""
+    found: set[str] = set()
+
+    def walk(parser: argparse.ArgumentParser, prefix: str) -> None:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            found.add(prefix)
+        for sub in subs:
+            for name, child in sub.choices.items():
+                walk(child, f"{prefix} {name}".strip())
+
+    walk(build_parser(), "")
+    return found
+
+
+def documented_commands() -> set[str]:
+    """The commands the page's ``osfl a / b / c d`` span lists."""
+    listed = [s for s in spans() if s.startswith("osfl ") and " / " in s]
+    assert len(listed) == 1, f"expected one command list on the page, got {listed}"
+    return {c.strip() for c in listed[0].removeprefix("osfl ").split(" / ")}
+
+
+def test_the_page_lists_exactly_the_cli_commands() -> None:
+    documented, parsed = documented_commands(), parser_commands()
+    assert documented == parsed, (
+        f"on the page, not in the parser: {sorted(documented - parsed)}; "
+        f"in the parser, not on the page: {sorted(parsed - documented)}"
+    )
+
+
+def shown_commands(text: str) -> set[str]:
+    """The commands a page shows as code (a ``osfl ...`` span or a line of a
+    code block), spelt as :func:`parser_commands` spells them: ``osfl suite
+    pack --wheels`` -> ``suite pack``."""
+    groups = {c.split()[0] for c in parser_commands() if " " in c}
+    lines = re.findall(r"`(osfl [^`\n]+)`", text)
+    for block in re.findall(r"^```[^\n]*\n(.*?)^```", text, flags=re.S | re.M):
+        lines += [ln.strip() for ln in block.splitlines()]
+    found = set()
+    for line in lines:
+        for words in re.findall(r"(?:^|&& |; )osfl ([a-z][\w-]*)(?: ([a-z][\w-]*))?", line):
+            found.add(" ".join(words) if words[0] in groups else words[0])
+    return found
+
+
+def test_the_readme_shows_only_commands_the_parser_has() -> None:
+    """README.md has no command table: every command it shows as code exists."""
+    shown = shown_commands((ROOT / "README.md").read_text())
+    assert shown, "the README shows no osfl command"
+    assert shown <= parser_commands(), f"not in the parser: {sorted(shown - parser_commands())}"
+    assert shown_commands("`osfl suite pack --wheels`\n```\nosfl nosuch x\n```\n") == {
+        "suite pack",
+        "nosuch",
+    }

@@ -71,6 +71,11 @@ def test_batched_clients_equal_sequential_training(cfg: TrainConfig):
         assert batched[i].stats.samples == stats.samples
         assert batched[i].stats.mean_loss == pytest.approx(stats.mean_loss, rel=1e-4)
         assert batched[i].stats.train_accuracy == stats.train_accuracy
+        # one StepTally keeps both loops' statistics: the same fields, the same meaning
+        assert batched[i].stats.epochs == stats.epochs
+        assert batched[i].stats.num_classes == stats.num_classes
+        assert batched[i].stats.first_loss == pytest.approx(stats.first_loss, rel=1e-4)
+        assert batched[i].stats.final_loss == pytest.approx(stats.final_loss, rel=1e-4)
         assert len(batched[i].step_labels) == len(labels)
         assert all(torch.equal(a, b) for a, b in zip(batched[i].step_labels, labels, strict=True))
 

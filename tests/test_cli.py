@@ -48,7 +48,7 @@ def test_run_writes_a_complete_run_directory(tmp_path, capsys):
     assert "fedavg" in table and "ensemble" in table and str(out) in table
 
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["schema_version"] == 1
+    assert metrics["schema_version"] == 2  # osfl.record.SCHEMA_VERSION
     recs = metrics["records"]
     assert [(r["method"], r["seed"]) for r in recs] == [
         ("fedavg", 0),

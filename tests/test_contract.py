@@ -262,6 +262,24 @@ def test_the_wrapper_forwards_every_member_of_the_core() -> None:
         assert not members & core, (cap.__name__, members & core)
 
 
+@pytest.mark.parametrize("key", sorted(CAPABILITIES))
+def test_a_capability_serves_two_methods_or_names_its_one(key: str) -> None:
+    """A capability earns its place with two registered methods or more; one
+    that serves a single method names it in ``single_user`` (its runtime part
+    is a generic hook, the rest is that method's own code), so that a
+    capability made for one method is a visible choice, not an accident."""
+    cap = CAPABILITIES[key]
+    users = [n for n in METHODS.names() if issubclass(METHODS.get(n), cap)]
+    assert users, f"{key}: no registered method declares it"
+    if len(users) == 1:
+        assert cap.single_user == users[0], (
+            f"{key} serves {users[0]} alone: make it that method's own business, or set "
+            f"{cap.__name__}.single_user = {users[0]!r} and say why in its docstring"
+        )
+    else:
+        assert cap.single_user is None, f"{key} serves {users}, not {cap.single_user} alone"
+
+
 @pytest.mark.parametrize("name", METHODS.names())
 def test_capabilities_are_found_through_a_wrapper(name: str) -> None:
     cfg = smoke_config(name)

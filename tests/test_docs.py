@@ -115,6 +115,21 @@ def test_the_recorded_machine_is_checked_exactly() -> None:
     assert not check.judge(block, TABLE, TABLE.replace("85.14", "85.15"), here, None)
 
 
+def test_a_machine_found_exact_on_a_rerun_is_checked_exactly_too() -> None:
+    """``exact also on ID``: a machine whose re-run gave every documented line
+    stays under the exact check (a one-digit move fails there); a machine not
+    named keeps the tolerance."""
+    check = _checker()
+    here = check.machine()
+    mine = check.recorded_fingerprint(here)
+    info = f"recorded on torch, fingerprint 000000000000; exact also on 111111111111, {mine}"
+    assert check.exact_fingerprints(info) == {"000000000000", "111111111111", mine}
+    moved = TABLE.replace("85.14", "85.15")
+    assert not check.judge(_block(check, info), TABLE, moved, here, None)
+    other = "recorded on torch, fingerprint 000000000000; exact also on 111111111111"
+    assert check.judge(_block(check, other), TABLE, moved, here, None)
+
+
 def test_another_machine_is_checked_within_the_blocks_tolerance() -> None:
     """Elsewhere every line keeps its shape, integers and sizes stay equal,
     and a decimal may move by at most the marker's tolerance."""

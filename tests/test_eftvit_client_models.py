@@ -16,10 +16,12 @@ from osfl import assembly
 from osfl.config import load_config
 from osfl.errors import DataError
 from osfl.fl.context import ClientState
-from osfl.fl.evaluate import check_client_score, merge_client_models
+from osfl.fl.evaluate import check_client_score
 from osfl.fl.method import METHODS, OwnModels, capability
+from osfl.fl.own_models import merge_client_models
 from osfl.fl.runtime.simulation import InProcessClients, SimulationRuntime
 from osfl.report import summarize, table_rows
+from osfl.run_record import accuracy_curve
 from smoke import SMALL_VIT_SPLIT
 
 BASE = (
@@ -79,7 +81,7 @@ def test_the_accuracy_is_the_mean_of_the_clients_own_models_by_hand() -> None:
     for c in metrics["clients_not_sampled"]:
         assert own[c] == server
     # the per-round curve of the record carries both
-    curve = assembly.accuracy_curve(result)
+    curve = accuracy_curve(result)
     assert [p["round"] for p in curve] == [0, 1]
     assert curve[-1]["accuracy"] == metrics["global_test_accuracy"]
     assert curve[-1]["server_accuracy"] == server
@@ -175,15 +177,37 @@ def test_a_malformed_client_score_is_refused() -> None:
             check_client_score(bad, 2, 3, 1)
 
 
-def test_tables_show_the_server_predictor_beside_the_clients() -> None:
-    recs = [
-        {"method": "eftvit", "seed": 0, "global_test_accuracy": 0.6, "server_accuracy": 0.4},
-        {"method": "fedfull", "seed": 0, "global_test_accuracy": 0.5},
-    ]
+def test_tables_show_the_clients_own_models_beside_the_server_predictor() -> None:
+    """The accuracy column is the server predictor's (EFTViT's ``server_accuracy``,
+    the record's ``global_test_accuracy``); the clients' mean has its own column."""
+    eftvit = {"method": "eftvit", "seed": 0, "global_test_accuracy": 0.4}
+    eftvit |= {"server_accuracy": 0.4, "mean_client_accuracy": 0.6}
+    recs = [eftvit, {"method": "fedfull", "seed": 0, "global_test_accuracy": 0.5}]
     header, cells = table_rows(summarize(recs))
-    i = header.index("server predictor (%)")
+    i = header.index("clients' own models (%)")
     assert header[i - 1] == "accuracy (%)"
-    assert [c[i - 1] for c in cells] == ["60.00", "50.00"]
-    assert [c[i] for c in cells] == ["40.00", "—"]
+    assert [c[i - 1] for c in cells] == ["40.00", "50.00"]
+    assert [c[i] for c in cells] == ["60.00", "—"]
     plain, _ = table_rows(summarize(recs[1:]))
-    assert "server predictor (%)" not in plain
+    assert "clients' own models (%)" not in plain
+
+
+def test_the_transports_only_carry_the_scoring_of_clients_own_models() -> None:
+    """Evaluation is not a transport's job: the in-process clients, the
+    Flower ClientApp and the round loop know nothing of ``OwnModels``; both
+    transports hand the broadcast and a client's state to the one scorer
+    (:func:`~osfl.fl.own_models.score_client_predictor`), so a node under
+    Flower scores what the simulation scores."""
+    import inspect  # here: only this test reads sources
+
+    import osfl.fl.own_models as own_models
+    import osfl.fl.runtime.client as runtime_client
+    import osfl.fl.runtime.rounds as rounds
+    import osfl.fl.runtime.simulation as simulation
+    import osfl.flower.client as flower_client
+
+    for module in (runtime_client, rounds, simulation, flower_client):
+        source = inspect.getsource(module)
+        assert "OwnModels" not in source and ".client_predictor(" not in source, module.__name__
+    assert flower_client.score_client_predictor is own_models.score_client_predictor
+    assert simulation.score_kept_states is own_models.score_kept_states

@@ -162,7 +162,7 @@ def test_mdn_head_splits_its_output_as_pi_then_means_then_log_variances() -> Non
 
 
 def test_bfloat16_autocast_runs_the_matmuls_in_bfloat16_at_the_same_loss_curve() -> None:
-    """``FitConfig.autocast=bfloat16``: the generator's linear layers compute in
+    """``FitConfig.amp=true`` (bfloat16): the generator's linear layers compute in
     bfloat16 on a CPU, the NLL stays float32, and the loss curve follows the
     float32 one (toy set, 20 epochs: within 1 % of the total drop)."""
     torch.manual_seed(1)
@@ -170,7 +170,7 @@ def test_bfloat16_autocast_runs_the_matmuls_in_bfloat16_at_the_same_loss_curve()
     s = torch.randn(128, V, D) * 0.3 + y[:, None, None].float()
     seen: list[torch.dtype] = []
     curves = {}
-    for cast in ("none", "bfloat16"):
+    for cast, amp in (("none", False), ("bfloat16", True)):
         g = generator("mar", cfg=GeneratorConfig(depth=1, width=16, heads=2, components=2))
         g.set_token_stats(s)
         hook = g.head.proj.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
@@ -178,7 +178,7 @@ def test_bfloat16_autocast_runs_the_matmuls_in_bfloat16_at_the_same_loss_curve()
             g,
             [s, y],
             lambda m, a, b: m.nll(b, a).mean(),
-            FitConfig(epochs=20, batch_size=64, optimizer="adamw", lr=5e-3, autocast=cast),
+            FitConfig(epochs=20, batch_size=64, optimizer="adamw", lr=5e-3, amp=amp),
             generator=torch.Generator().manual_seed(0),
         )
         hook.remove()
@@ -186,8 +186,14 @@ def test_bfloat16_autocast_runs_the_matmuls_in_bfloat16_at_the_same_loss_curve()
     f32, b16 = np.array(curves["none"]), np.array(curves["bfloat16"])
     assert not np.array_equal(f32, b16)  # the autocast did change the arithmetic
     assert np.abs(f32 - b16).max() < 0.01 * (f32[0] - f32[-1])
-    with pytest.raises(ConfigError, match="autocast must be one of"):
-        FitConfig(autocast="float16")
+    with pytest.raises(TypeError, match="autocast"):  # the old key, renamed amp
+        FitConfig(autocast="float16")  # type: ignore[call-arg]
+    with pytest.raises(
+        ConfigError,
+        match=r"^method.falcon.generator_fit.autocast was renamed "
+        r"method.falcon.generator_fit.amp: write method.falcon.generator_fit.amp=true",
+    ):
+        method_config(FALCON, {"generator_fit": {"autocast": "bfloat16"}})
 
 
 def test_the_first_pass_computes_only_what_it_reads() -> None:

@@ -11,6 +11,7 @@ Run on its own: ``python -m pytest -q tests/test_imports.py``.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ LAYERS: list[tuple[str, int]] = [
     ("osfl.runner", 9),
     ("osfl.suite", 9),
     ("osfl.experiment", 8),
+    ("osfl.run_record", 8),
     ("osfl.audit_dir", 8),
     ("osfl.assembly", 7),
     ("osfl.site_assembly", 7),
@@ -36,6 +38,7 @@ LAYERS: list[tuple[str, int]] = [
     ("osfl.report", 5),
     ("osfl.scoreboard", 5),
     ("osfl.convergence", 0),
+    ("osfl.record", 0),
     ("osfl.rundir", 5),
     ("osfl.flower", 4),
     ("osfl.fl", 3),
@@ -188,3 +191,60 @@ def test_every_module_imports_in_a_fresh_interpreter() -> None:
         [sys.executable, "-c", code, *names], capture_output=True, text=True, timeout=600
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+#: Why an import may sit inside a function, as its comment says it
+#: (``# heavy: matplotlib``, ``# optional: flwr``). Breaking a cycle is no
+#: reason: the cycle check above counts function-level imports too.
+IMPORT_REASONS = ("heavy", "optional")
+_REASON = re.compile(r"#.*\b(?:" + "|".join(IMPORT_REASONS) + r"):")
+
+
+def untagged_imports(source: str) -> list[int]:
+    """Lines of the function-level imports in ``source`` that say no reason:
+    none of :data:`IMPORT_REASONS` on the import's own lines or in the comment
+    block directly above it."""
+    lines = source.splitlines()
+    found: set[int] = set()
+    for fn in ast.walk(ast.parse(source)):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(fn):
+            if not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            said = lines[node.lineno - 1 : node.end_lineno]
+            above = node.lineno - 2
+            while above >= 0 and lines[above].lstrip().startswith("#"):
+                said.append(lines[above])
+                above -= 1
+            if not any(_REASON.search(line) for line in said):
+                found.add(node.lineno)
+    return sorted(found)
+
+
+def test_every_function_level_import_says_why() -> None:
+    """A function-level import is a cost (a hidden dependency, a slower first
+    call); it is kept only for a heavy or optional dependency, and says which
+    where it stands."""
+    root = SRC.parent
+    found = {
+        str(path.relative_to(root)): untagged_imports(path.read_text())
+        for path in modules().values()
+    }
+    untagged = [f"{file}:{line}" for file, lines in found.items() for line in lines]
+    assert not untagged, "function-level imports with no '# heavy:' / '# optional:':\n" + "\n".join(
+        untagged
+    )
+
+
+def test_the_tag_checker_finds_an_untagged_import() -> None:
+    source = (
+        "import os\n"
+        "def f():\n"
+        "    import json\n"
+        "    # heavy: torch\n"
+        "    import torch\n"
+        "    from PIL import Image  # optional: Pillow\n"
+        "    import sys  # noqa: F401\n"
+    )
+    assert untagged_imports(source) == [3, 7]

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from osfl.data import BatchIterator, ImageSet
+from osfl.data.loader import DeviceLoader, client_loader
 from osfl.errors import DataError
 
 
@@ -92,3 +93,22 @@ def test_cuda_device_with_cpu_generator_matches_cpu_order():
     gpu = BatchIterator(*data(20), 6, generator=torch.Generator().manual_seed(3), device="cuda")
     for (xc, yc), (xg, yg) in zip(cpu, gpu, strict=True):
         assert xg.device.type == "cuda" and torch.equal(yg.cpu(), yc) and torch.equal(xg.cpu(), xc)
+
+
+def test_client_loader_is_the_plain_loader_on_the_cpu_and_refuses_what_cannot_train():
+    """Both training loops draw a client's batches through ``client_loader``:
+    on the CPU the plain BatchIterator; the device path's DeviceLoader draws
+    the same permutations from the same CPU generator."""
+    images, labels = data(10)
+    classes = tuple(str(i) for i in range(10))
+    cpu = torch.device("cpu")
+    loader = client_loader(ImageSet(images, labels, classes), 4, False, torch.Generator(), cpu)
+    assert type(loader) is BatchIterator and len(loader) == 3
+    plain = BatchIterator(images, labels, 4, generator=torch.Generator().manual_seed(5))
+    device = DeviceLoader(images, labels, 4, generator=torch.Generator().manual_seed(5))
+    for a, b in zip(epoch(plain), epoch(device), strict=True):
+        assert torch.equal(a, b)
+    with pytest.raises(DataError, match="empty"):
+        client_loader(ImageSet(images[:0], labels[:0], classes), 4, False, torch.Generator(), cpu)
+    with pytest.raises(DataError, match="drop_last=false"):
+        client_loader(ImageSet(images, labels, classes), 16, True, torch.Generator(), cpu)

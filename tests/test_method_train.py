@@ -131,6 +131,10 @@ def test_every_config_trains_with_its_old_recipe():
         ("method.fusefl.epochs_per_step=5", "method_train.fusefl.epochs"),
         ("method.fafi.tau=0.3", "method.fafi.loss.tau"),
         ("method.fafi.noise_std=5", "method.fafi.noise.std"),
+        # FitConfig's mixed precision took train.amp's name (was autocast: bfloat16|none)
+        ("method.falcon.generator_fit.autocast=bfloat16", "method.falcon.generator_fit.amp"),
+        # a method without the recipe: its own optimizer group, not method_train
+        ("method.falcon.lr=0.1", "method.falcon.generator_fit.lr"),
     ],
 )
 def test_an_old_key_is_refused_naming_the_new_one(override, new_key, capsys, tmp_path, monkeypatch):
@@ -160,3 +164,21 @@ def test_bad_overrides_are_refused_before_training(override, needle):
     cfg = load_config(None, [*TINY, "methods=[fedavg]", override])
     with pytest.raises(ConfigError, match=needle):
         check_names(cfg)
+
+
+def test_method_train_of_a_method_without_the_recipe_exits_2_naming_its_knobs(capsys, tmp_path):
+    """FALCON never reads ``run.train``: ``method_train.falcon.lr`` would be recorded
+    in ``train_sources`` and ignored, so ``osfl run`` refuses it in one line that
+    names FALCON's own training groups (its ``FitConfig`` fields)."""
+    with pytest.raises(SystemExit) as e:
+        main(["run", "methods=[falcon]", "method_train.falcon.lr=0.5", f"out_dir={tmp_path}"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "method_train.falcon does not apply" in err
+    assert "method.falcon.generator_fit.*" in err and "method.falcon.classifier_fit.*" in err
+
+
+def test_a_method_without_the_recipe_records_no_train_sources():
+    cfg = load_config(None, ["train.lr=0.3"])
+    assert train_recipe(cfg, "falcon") == (cfg.train, {})

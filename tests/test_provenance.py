@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from osfl import assembly
+from osfl import assembly, run_record
 from osfl.config import load_config
 from osfl.experiment import run_experiment
 from osfl.fl.fingerprint import cpu_fingerprint, fingerprint_id
@@ -116,7 +116,7 @@ def test_a_gpu_record_carries_its_machine(monkeypatch) -> None:
     ctx = assembly.seed_context(cfg, splits, 0)
     job = assembly.build_job(cfg, "fedavg", ctx)
     job = dataclasses.replace(job, run=dataclasses.replace(job.run, device=torch.device("cuda")))
-    prov = assembly.record_provenance(cfg, job, ctx, None)
+    prov = run_record.record_provenance(cfg, job, ctx, None)
     assert prov["gpu"] == "NVIDIA H100 80GB HBM3" and prov["cuda_driver"] == "570.86.15"
     assert prov["dtype"] == "bfloat16" and prov["device"] == "cuda"
     assert "threads" not in prov  # the record's threads are threads_per_client

@@ -10,6 +10,7 @@ import pytest
 
 from osfl.cli import main
 from osfl.errors import DataError
+from osfl.record import RunRecord
 from osfl.scoreboard import merge_runs, variant_labels
 
 
@@ -113,6 +114,39 @@ def test_cli_prints_one_table_per_regime(tmp_path, capsys):
     scratch, frozen = out.split("## regime `frozen_encoder`")
     assert "30.00 ± 14.14" in scratch and "fedcgs" not in scratch  # never ranked together
     assert "60.00" in frozen and "fedavg" not in frozen
+
+
+def test_old_runs_merge_as_typed_records_ranked_by_one_accuracy(tmp_path, capsys):
+    """Version-1 run directories (tests/data/records) read into typed records,
+    migrated: EFTViT ranks by its server predictor, with the clients' mean in
+    its own column; ``local`` (no server predictor) by its clients' mean, in a
+    marked cell with the note that says so."""
+    old = Path(__file__).parent / "data" / "records"
+    dirs = []
+    for name in ("v1_local", "v1_fedavg_ensemble"):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "metrics.json").write_text((old / f"{name}.json").read_text())
+        dirs.append(d)
+    records = merge_runs(dirs)
+    assert all(isinstance(r, RunRecord) for r in records)
+    assert [r.method for r in records] == ["local", "fedavg", "ensemble"]
+    assert records[0].global_test_accuracy is None and records[0].accuracy_is_clients_mean
+    assert main(["table", *map(str, dirs), "--markdown"]) == 0
+    out = capsys.readouterr().out
+    mean = 100 * records[0].mean_client_accuracy
+    assert f"| local | 1 | {mean:.2f}† |" in out
+    assert "† mean of the clients' own models (local: no server predictor)" in out
+    eftvit = tmp_path / "v1_eftvit"
+    eftvit.mkdir()
+    (eftvit / "metrics.json").write_text((old / "v1_eftvit.json").read_text())
+    (r,) = merge_runs([eftvit])
+    assert r.global_test_accuracy == r.server_accuracy != r.mean_client_accuracy
+    assert main(["table", str(eftvit), "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "clients' own models (%)" in out and "†" not in out
+    row = f"| eftvit | 1 | {100 * r.server_accuracy:.2f} | {100 * r.mean_client_accuracy:.2f} |"
+    assert row in out
 
 
 def test_cli_writes_each_rows_per_seed_values(tmp_path):

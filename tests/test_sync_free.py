@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from osfl.data.imageset import ImageSet
-from osfl.data.loader import BatchIterator
+from osfl.data.loader import BatchIterator, client_loader
 from osfl.data.transforms import (
     Normalize,
     augmentation_generator,
@@ -34,9 +34,10 @@ from osfl.data.transforms import (
     emulate_device_path,
 )
 from osfl.fl.batched_training import train_batched
+from osfl.fl.optim import fused as fuse
 from osfl.fl.progress import Progress
 from osfl.fl.train_config import TrainConfig
-from osfl.fl.training import _fused, _is_convnet, _loader, _Stepper, train_local
+from osfl.fl.training import _is_convnet, _Stepper, train_local
 from osfl.methods.fafi.client import FAFINet, TwoViews
 from osfl.methods.fafi.losses import _masked_mean_nll
 from osfl.methods.fafi.salt import SaltLoss
@@ -195,7 +196,7 @@ def test_the_cpu_path_is_todays() -> None:
     cpu = torch.device("cpu")
     assert not device_path(cpu)
     assert augmentation_generator(g, cpu) is g
-    assert type(_loader(_data(), TrainConfig(batch_size=8), g, cpu)) is BatchIterator
+    assert type(client_loader(_data(), 8, False, g, cpu)) is BatchIterator
     seen: list[torch.Generator | None] = []
 
     def spy(x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -266,8 +267,8 @@ def test_optimizers_are_fused_on_cuda_only(optimizer: str, cls: type) -> None:
     cfg = TrainConfig(optimizer=optimizer, lr=0.1, weight_decay=0.01)
     params = list(nn.Linear(3, 2).parameters())
     plain = build_optimizer(params, cfg)
-    assert _fused(plain, torch.device("cpu")) is plain
-    fused = _fused(plain, torch.device("cuda"))
+    assert fuse(plain, torch.device("cpu")) is plain
+    fused = fuse(plain, torch.device("cuda"))
     assert type(fused) is cls and fused.defaults["fused"] is True
     same = {k: v for k, v in plain.defaults.items() if k not in ("fused", "foreach")}
     assert {k: fused.defaults[k] for k in same} == same

@@ -4,6 +4,7 @@ schedules and optimizers (osfl.fl.training, osfl.fl.optim)."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 
 import pytest
@@ -11,10 +12,13 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from osfl.data import loader
 from osfl.data.imageset import ImageSet
 from osfl.errors import ConfigError, DataError
+from osfl.fl import optim, training
 from osfl.fl.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_at
 from osfl.fl.train_config import TrainConfig
+from osfl.fl.train_stats import StepTally
 from osfl.fl.training import TrainStats, train_local
 
 
@@ -409,3 +413,30 @@ def test_the_device_path_keeps_the_batch_order_and_is_fixed_by_the_seed():
     assert not torch.equal(dev_w, cpu_w)  # ... other flips
     assert torch.equal(again_w, dev_w) and again_stats.mean_loss == dev_stats.mean_loss
     assert torch.equal(again_labels, dev_labels) and not torch.equal(other_w, dev_w)
+
+
+def test_the_step_tally_reads_what_a_loop_summed() -> None:
+    """StepTally (shared by train_local and the batched loop): the loss of
+    every step, of the first and of the last epoch, the last epoch's accuracy;
+    a custom loss (no logits) counts no accuracy."""
+    tally = StepTally(total=4, per_epoch=2, device=torch.device("cpu"))
+    y = torch.tensor([0, 1])
+    right = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
+    for step, loss in enumerate([4.0, 3.0, 2.0, 1.0]):
+        tally.add(step, torch.tensor(loss), right if step == 3 else None, y)
+    stats = tally.stats(steps=4, epochs=2.0, seconds=0.0)
+    assert (stats.first_loss, stats.final_loss, stats.mean_loss, stats.last_loss) == (
+        3.5,
+        1.5,
+        2.5,
+        1.0,
+    )
+    assert (stats.samples, stats.train_accuracy, stats.num_classes) == (8, 1.0, 2)
+
+
+def test_the_training_module_keeps_the_loop_only() -> None:
+    """The CUDA optimizer rebuild lives with the optimizers, the device loader
+    with the loaders; the loop's module stays under the project's 500 lines."""
+    assert hasattr(optim, "fused") and hasattr(loader, "DeviceLoader")
+    assert not hasattr(training, "_fused") and not hasattr(training, "_DeviceLoader")
+    assert len(inspect.getsource(training).splitlines()) < 500

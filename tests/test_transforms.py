@@ -8,6 +8,8 @@ import pytest
 import torch
 
 from osfl.data import transforms as T
+from osfl.data.batch_transforms import _GRAY
+from osfl.data.device_path import _const
 from osfl.errors import ConfigError, DataError
 
 
@@ -283,10 +285,10 @@ def test_constants_are_made_once_per_device_and_dtype():
     """A fresh torch.tensor on a GPU is a blocking copy per batch: Normalize's
     mean/std and the luma weights are cached, with the same values."""
     x = batch()
-    assert T._const(T._GRAY, x.dtype, x.device) is T._const(T._GRAY, x.dtype, x.device)
+    assert _const(_GRAY, x.dtype, x.device) is _const(_GRAY, x.dtype, x.device)
     g64 = T.grayscale(x.double())
     assert g64.dtype == torch.float64
-    w = torch.tensor(T._GRAY, dtype=torch.float64).view(1, 3, 1, 1)
+    w = torch.tensor(_GRAY, dtype=torch.float64).view(1, 3, 1, 1)
     assert torch.equal(g64, (x.double() * w).sum(1, keepdim=True))
     norm = T.Normalize([0.1, 0.2, 0.3], [0.5, 0.6, 0.7])
     assert torch.allclose(norm.inverse(norm(x)), x, atol=1e-6)

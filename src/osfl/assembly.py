@@ -1,7 +1,7 @@
 """The one place that turns a configuration into working parts.
 
 ``config -> data -> federation -> run context -> method (with its wrappers)
--> job -> runtime``, and a finished run back into its record. ``osfl run``
+-> job -> runtime`` (a finished job's record: :mod:`osfl.run_record`). ``osfl run``
 (:mod:`osfl.experiment`), the Flower apps (:mod:`osfl.flower.app`) and
 ``osfl audit`` all build through here, so a simulation run, a Flower run and
 a later audit of either see equal data, federations, models, transforms and
@@ -30,7 +30,6 @@ from osfl.config import (
     method_train_config,
     to_yaml,
 )
-from osfl.convergence import convergence
 from osfl.data.classes import keep_classes
 from osfl.data.federation import Federation
 from osfl.data.imageset import DataSplits, ImageSet
@@ -41,21 +40,19 @@ from osfl.errors import ConfigError
 from osfl.fl.cache import ClientCache
 from osfl.fl.context import ModelSpec, RunContext
 from osfl.fl.evaluate import evaluate, local_test_accuracy
-from osfl.fl.method import METHODS, Method, Reporting, capability, give_validation
+from osfl.fl.method import METHODS, Method, give_validation
 from osfl.fl.progress import Progress
-from osfl.fl.provenance import compute_dtype, compute_environment
-from osfl.fl.regimes import run_regime
-from osfl.fl.runtime.base import Job, PartitionedData, RunResult, Runtime
+from osfl.fl.runtime.base import Job, PartitionedData, Runtime
 from osfl.fl.runtime.simulation import SimulationRuntime
 from osfl.fl.seeds import derive_seed
 from osfl.fl.train_config import TrainConfig
 from osfl.methods import default_methods  # importing osfl.methods registers every method
 from osfl.models import MODELS
 from osfl.pretrain.card import check_disjoint, pretrained_info
-from osfl.privacy.audit import AuditSession, parse_audit
+from osfl.privacy.audit import parse_audit
 from osfl.privacy.defenses import apply_defense, defense_config
 from osfl.registry import Registry
-from osfl.robustness import apply_byzantine, byzantine_config, poisoned_by
+from osfl.robustness import apply_byzantine, byzantine_config
 
 #: runtime name -> ``factory(cfg) -> Runtime`` (``runtime:`` in a config).
 RUNTIMES: Registry[Callable[[ExperimentConfig], Runtime]] = Registry("runtime")
@@ -83,7 +80,7 @@ def _flower_engine(cfg: ExperimentConfig) -> Runtime:
     """Flower's simulation engine (Ray actors build their jobs from the config's YAML)."""
     # optional: flwr, only for runtime=flower_engine
     from osfl.flower.engine import FlowerEngineRuntime
-    from osfl.flower.spec import JobSpec
+    from osfl.flower.spec import JobSpec  # optional: flwr, as above
 
     return FlowerEngineRuntime(job_from_spec, JobSpec(experiment=to_yaml(cfg)))
 
@@ -423,10 +420,13 @@ def train_recipe(cfg: ExperimentConfig, name: str) -> tuple[TrainConfig, dict[st
     party, and where each of its values that differs from ``train.*`` came
     from (the record's ``train_sources``). Precedence, lowest first: the run's
     ``train.*``; the method's ``card.train_defaults`` (a variant's own recipe, e.g.
-    ``fafi_code``'s gradient clipping); the user's ``method_train.<name>.*``."""
-    defaults = dict(METHODS.get(name).card.train_defaults)
+    ``fafi_code``'s gradient clipping); the user's ``method_train.<name>.*``,
+    refused for a method that does not train with the recipe
+    (``Method.trains_with_recipe``)."""
+    method = METHODS.get(name)
+    defaults = dict(method.card.train_defaults)
     user = dict(cfg.method_train.get(name) or {})
-    train = method_train_config(dataclasses.replace(cfg.train, **defaults), user, name)
+    train = method_train_config(dataclasses.replace(cfg.train, **defaults), user, name, method)
     where = {k: f"{name} default" for k in defaults} | {k: f"method_train.{name}" for k in user}
     return train, {k: w for k, w in where.items() if getattr(train, k) != getattr(cfg.train, k)}
 
@@ -450,173 +450,6 @@ def build_job(cfg: ExperimentConfig, name: str, ctx: SeedContext) -> Job:
         evaluator=build_evaluator(cfg, ctx),
         eval_every=cfg.eval_every,
     )
-
-
-def build_audit(
-    cfg: ExperimentConfig,
-    job: Job,
-    ctx: SeedContext,
-    root: Path | None,
-    context: Mapping[str, Any],
-) -> Any:
-    """The privacy audit of one run when ``cfg.audit`` lists attacks or
-    ``record`` (an observer to attach, then ``finish()``), else ``None``."""
-    spec = parse_audit(cfg.audit)
-    if spec is None:
-        return None
-    return AuditSession(spec, job.method, job.run, ctx.splits.test, root=root, context=context)
-
-
-# --------------------------------------------------------------------------- records
-def run_record(
-    cfg: ExperimentConfig,
-    job: Job,
-    result: RunResult,
-    ctx: SeedContext,
-    context: Mapping[str, Any],
-    cache_counts: tuple[int, int] | None,
-) -> dict[str, Any]:
-    """The ``metrics.json`` record of one finished job (schema in
-    ``docs/run-directory.md``); ``cache_counts`` = (hits, misses) of this job."""
-    m = dict(result.metrics)
-    m["warnings"] = list(dict.fromkeys(result.warnings))
-    if cfg.defense:
-        m["defense"] = dict(cfg.defense)
-    poison = poisoned_by(job.method)
-    if poison is not None:  # the clients it chose this seed, not only how it chose them
-        chosen = {k: v for k, v in dict(cfg.byzantine).items() if k != "clients"}
-        m["byzantine"] = {**dataclasses.asdict(poison), **chosen}
-    if "mean_client_accuracy" in m:  # `local`, ClientModels: the accuracy is the clients' mean
-        m["global_test_accuracy"] = m["mean_client_accuracy"]
-    fed = ctx.federation
-    partition: dict[str, Any] = {"scheme": "sites", "num_clients": job.num_clients}
-    if fed is not None:
-        partition = {
-            "key": fed.key(),
-            "scheme": fed.scheme,
-            "params": dict(fed.params),
-            "seed": fed.seed,
-            "num_clients": len(fed.client_indices),
-        }
-    weights = pretrained_weights(cfg, None)
-    record: dict[str, Any] = {
-        **context,
-        # what the numbers presuppose: tables never rank records of different regimes together
-        "regime": run_regime(job.method.card.regime, weights is not None),
-        "uploads": job.method.card.uploads,
-        "runtime": cfg.runtime,
-        # torch threads each client trained with (null: not pinned)
-        "threads_per_client": cfg.threads_per_client,
-        "parallel_clients": cfg.parallel_clients,
-        # what the numbers were computed with (the client cache is keyed on the same)
-        "provenance": record_provenance(cfg, job, ctx, weights),
-        # the task this grid point ran (data, model, transforms): what a table row
-        # averaged over seeds must share (osfl.scoreboard)
-        "task": {
-            "data": {k: v for k, v in dataclasses.asdict(cfg.data).items() if k != "cache_dir"},
-            "model": dataclasses.asdict(cfg.model),
-            "transform": dataclasses.asdict(cfg.transform),
-        },
-        "method_config": dataclasses.asdict(job.method.config),
-        # the local-training recipe this method ran with (train_recipe), and
-        # where each value that differs from train.* came from
-        "train": dataclasses.asdict(job.run.train),
-        "train_sources": train_recipe(cfg, job.method.name)[1],
-        "rounds": len(result.rounds),
-        **m,
-        "bytes_up": result.bytes_up,
-        "bytes_down": result.bytes_down,
-        "time_s": {k: round(v, 4) for k, v in result.time_s.items()},
-        "server_rules": dataclasses.asdict(cfg.server),
-        "partition": partition,
-        "cache": {
-            "hits": cache_counts[0] if cache_counts else None,
-            "misses": cache_counts[1] if cache_counts else None,
-        },
-        "refused": [list(x) for x in result.refused],
-        "curve": accuracy_curve(result),
-    }
-    reached = convergence(
-        record["curve"], target_accuracy=cfg.target_accuracy, link_mbps=cfg.link_mbps
-    )
-    if reached is not None:
-        record["convergence"] = reached
-    chosen = best_on_validation(record["curve"])
-    if chosen is not None and len(record["curve"]) > 1:
-        record["best_on_validation"] = chosen
-    if weights is not None:
-        card = weights.get("card") or {}
-        record["pretrained"] = {
-            **{k: v for k, v in weights.items() if k != "card"},
-            "upstream": {k: card["upstream"].get(k) for k in ("source", "classes")}
-            if "upstream" in card
-            else None,
-            "objective": (card.get("objective") or {}).get("name"),
-        }
-    reporting = capability(job.method, Reporting)
-    # no state when only some clients trained (train_clients): nothing to report
-    extras = reporting.report(result.state) if reporting and result.state is not None else {}
-    if extras:
-        record["server"] = extras
-    return record
-
-
-def record_provenance(
-    cfg: ExperimentConfig, job: Job, ctx: SeedContext, weights: Mapping[str, Any] | None
-) -> dict[str, Any]:
-    """The environment the clients trained in (torch, CPU kernel path,
-    device, on a GPU its name, driver and torch build; the threads are
-    ``threads_per_client``), the dtype local training computed in (``dtype``:
-    ``bfloat16`` / ``float16`` under ``train.amp`` on a GPU, else
-    ``float32``), and fingerprints of the
-    data (content hashes of the train and test images the server held; a
-    real-sites server holds none) and of the pretrained weights."""
-    env = {k: v for k, v in compute_environment(job.run.device).items() if k != "threads"}
-    splits = ctx.splits
-    data: dict[str, Any] = {"source": cfg.data.source}
-    if splits is not None:
-        data.update(train=splits.train.fingerprint(), test=splits.test.fingerprint())
-    return {
-        **env,
-        "dtype": compute_dtype(job.run.device, job.run.train.amp),
-        "threads_per_client": cfg.threads_per_client,
-        "data": data,
-        "pretrained_sha256": (weights or {}).get("sha256"),
-    }
-
-
-def accuracy_curve(result: RunResult) -> list[dict[str, Any]]:
-    """Each evaluated round's accuracy with the bytes (up + down) and compute
-    seconds (client + server) spent up to the end of that round (and, where
-    measured, its validation accuracy and the server predictor's accuracy of
-    a method whose clients keep their own models)."""
-    curve, sent, seconds = [], 0, 0.0
-    for r in result.rounds:
-        sent += r.bytes_up + r.bytes_down
-        seconds += r.time_client_s + r.time_server_s
-        if "global_test_accuracy" in r.metrics:
-            point = {
-                "round": r.round,
-                "accuracy": r.metrics["global_test_accuracy"],
-                "bytes": sent,
-                "seconds": round(seconds, 4),
-            }
-            for key in ("validation_accuracy", "server_accuracy"):
-                if key in r.metrics:
-                    point[key] = r.metrics[key]
-            curve.append(point)
-    return curve
-
-
-def best_on_validation(curve: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
-    """The evaluated round with the highest validation accuracy (the first of
-    equals) and its test accuracy: what a curve that jumps reports beside its
-    final round, chosen without looking at the test set."""
-    scored = [p for p in curve if p.get("validation_accuracy") is not None]
-    if not scored:
-        return None
-    best = max(scored, key=lambda p: p["validation_accuracy"])
-    return {k: best[k] for k in ("round", "validation_accuracy", "accuracy")}
 
 
 # --------------------------------------------------------------------------- Flower

@@ -27,6 +27,7 @@ from osfl.privacy.audit import (
     aux_set,
     score_observations,
 )
+from osfl.record import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -102,6 +103,17 @@ def _recording(rec_dir: Path) -> dict[str, Any]:
     return doc
 
 
+def _with_audit(rec: RunRecord, results: Sequence[Mapping[str, Any]]) -> RunRecord:
+    """``rec`` with the ``audit`` of each matching result (method, seed, grid
+    point) merged in; records read back are immutable, so a new one."""
+    audit, matched = dict(rec.get("audit") or {}), False
+    for res in results:
+        if all(rec.get(k) == res.get(k) for k in ("method", "seed", "point")):
+            audit.update(res["audit"])
+            matched = True
+    return rec.replace(audit=audit) if matched else rec
+
+
 def _merge_into_metrics(root: Path, results: Sequence[Mapping[str, Any]]) -> None:
     """Add ``results`` to the matching records of ``metrics.json`` (same method,
     seed and grid point) and rewrite the audit section of ``summary.md`` from
@@ -113,11 +125,7 @@ def _merge_into_metrics(root: Path, results: Sequence[Mapping[str, Any]]) -> Non
             doc = report.read_metrics(path)
         except DataError as e:
             raise DataError(f"{e}; the scores are in audit.json") from e
-        stored = doc["records"]
-        for rec in stored:
-            for res in results:
-                if all(rec.get(k) == res.get(k) for k in ("method", "seed", "point")):
-                    rec.setdefault("audit", {}).update(res["audit"])
+        stored = [_with_audit(rec, results) for rec in doc["records"]]
         info = {k: v for k, v in doc.items() if k != "records"}
         report.write_metrics(path, stored, info=info)
         records = [r for r in stored if "audit" in r] or results

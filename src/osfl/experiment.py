@@ -35,6 +35,8 @@ from osfl.fl.runtime.base import Job, Runtime
 from osfl.fl.runtime.simulation import SimulationRuntime
 from osfl.fl.runtime.train_only import train_only
 from osfl.fl.secagg_config import secure_refusal
+from osfl.record import RunRecord
+from osfl.run_record import build_audit, run_record
 from osfl.rundir import EventObserver, RunDir
 
 log = logging.getLogger(__name__)
@@ -102,14 +104,14 @@ def run_method(
     point: Mapping[str, str] | None = None,
     observers: Sequence[Observer] = (),
     on_round: OnRound | None = None,
-) -> dict[str, Any]:
+) -> RunRecord:
     """Run one built job on ``runtime``; returns its metrics record.
     ``on_round`` sees the rounds finished so far after every round."""
     name, seed = job.method.name, job.seed
     context = run_context(name, seed, point)
     if rundir is not None and job.state_dir is None:  # saved every round; resumed from there
         job = dataclasses.replace(job, state_dir=state_dir(rundir, name, seed, context["point"]))
-    audit = assembly.build_audit(cfg, job, ctx, rundir.path if rundir else None, context)
+    audit = build_audit(cfg, job, ctx, rundir.path if rundir else None, context)
     obs = [*observers, *run_observers(cfg, job, context, rundir)]
     if on_round is not None and rounds_of(job.method) > 1:
         obs.append(RoundsSoFar(context, on_round))
@@ -129,14 +131,14 @@ def run_method(
     else:
         result = runtime.execute(job, observers=obs)
     counts = (cache.hits - before[0], cache.misses - before[1]) if cache and before else None
-    record = assembly.run_record(cfg, job, result, ctx, context, counts)
+    record = run_record(cfg, job, result, ctx, context, counts)
     if audit is not None:  # privacy audit: scored on what the server saw
-        record["audit"] = audit.finish()
+        record = record.replace(audit=audit.finish())
     if rundir is not None:
-        keys = ("global_test_accuracy", "bytes_up", "time_s", "trained_clients")
-        summary = {k: record[k] for k in keys if k in record}
+        keys = ("global_test_accuracy", "mean_client_accuracy", "bytes_up", "time_s")
+        summary = {k: record[k] for k in (*keys, "trained_clients") if k in record}
         rundir.event("method_end", **context, **summary)
-    accuracy = record.get("global_test_accuracy")
+    accuracy = record.ranked_accuracy
     log.info(
         "%s seed %d: accuracy %.4f, %d bytes up, %.1fs",
         name,
@@ -199,10 +201,10 @@ def execute_plan(
     rundir: RunDir | None = None,
     point: Mapping[str, str] | None = None,
     observers_for: ObserversFor | None = None,
-    on_record: Callable[[dict[str, Any]], None] | None = None,
+    on_record: Callable[[RunRecord], None] | None = None,
     on_round: OnRound | None = None,
     skip: Collection[tuple[str, str, int]] = (),
-) -> list[dict[str, Any]]:
+) -> list[RunRecord]:
     """Run every job of ``plan``; returns their records (seed-major, then method
     order). ``on_record`` sees each record as soon as it is finished (a run
     saves it then), ``on_round`` a multi-round method's rounds so far; jobs whose ``(point label, method, seed)`` is in ``skip``
@@ -217,7 +219,7 @@ def execute_plan(
         )
     if rundir is not None and splits is not None:
         rundir.event("data", source=cfg.data.source, train=len(splits.train), test=len(splits.test))
-    records = []
+    records: list[RunRecord] = []
     bar = _jobs_bar(plan, point, skip)
     for ctx, jobs in plan.seeds:
         if rundir is not None and ctx.federation is not None and splits is not None:
@@ -284,7 +286,7 @@ def run_experiment(
     observers_for: ObserversFor | None = None,
     runtime: Runtime | None = None,
     progress: Progress | None = None,
-) -> list[dict[str, Any]]:
+) -> list[RunRecord]:
     """Every method × seed of ``cfg`` (:func:`plan_experiment`, then
     :func:`execute_plan`); returns their records in that order."""
     plan = plan_experiment(cfg, runtime=runtime, progress=progress)

@@ -37,6 +37,7 @@ from osfl.errors import ConfigError, DataError
 from osfl.experiment import Plan, execute_plan, plan_experiment
 from osfl.fl.progress import Progress
 from osfl.privacy.audit import audit_markdown
+from osfl.record import RunRecord
 from osfl.rundir import RunDir
 
 
@@ -57,7 +58,7 @@ class RunRequest:
 class RunOutcome:
     base: ExperimentConfig
     out: Path
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[RunRecord] = field(default_factory=list)
     wall_s: float = 0.0
 
 
@@ -163,7 +164,7 @@ def run(req: RunRequest, make_board: BoardFactory, announce: Announce = print) -
     base, progress, plans = plan_points(req, make_board)
     out = Path(req.out or base.out_dir or RunDir.default_path(base.name))
     config_text = to_yaml(base)
-    done: list[dict[str, Any]] = []
+    done: list[RunRecord] = []
     if req.mode == "resume" and (out / "config.yaml").is_file():
         stored = _stored_config(out)
         given = _with_display_of(base, stored)
@@ -185,7 +186,7 @@ def run(req: RunRequest, make_board: BoardFactory, announce: Announce = print) -
         if skip:
             rd.event("run_resumed", finished=len(skip))
 
-        def keep(record: dict[str, Any]) -> None:
+        def keep(record: RunRecord) -> None:
             info.pop("in_progress", None)
             outcome.records.append(record)
             report.write_metrics(rd.path / "metrics.json", outcome.records, info=info)

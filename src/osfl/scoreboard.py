@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from osfl.errors import DataError
+from osfl.record import RunRecord
 from osfl.report import read_metrics
 
 __all__ = ["merge_runs", "variant_labels"]
@@ -148,9 +149,7 @@ def _check_one_owner(records: Sequence[Mapping[str, Any]]) -> None:
             )
 
 
-def merge_runs(
-    run_dirs: Sequence[str | Path], *, allow_unkeyed: bool = False
-) -> list[dict[str, Any]]:
+def merge_runs(run_dirs: Sequence[str | Path], *, allow_unkeyed: bool = False) -> list[RunRecord]:
     """The records of every run, with ``method`` relabelled where one method ran
     in several variants across the runs, a grid point's rows together.
 
@@ -180,6 +179,4 @@ def merge_runs(
     _check_comparable_rows(records)
     points = {p: i for i, p in enumerate(dict.fromkeys(str(r.get("point", "")) for r in records))}
     records.sort(key=lambda r: points[str(r.get("point", ""))])  # stable
-    for r in records:
-        del r["_run"]
-    return records
+    return [RunRecord.from_dict({k: v for k, v in r.items() if k != "_run"}) for r in records]

@@ -17,8 +17,8 @@ def cmd_audit(args: argparse.Namespace) -> int:
     # heavy: omegaconf, torch (osfl.audit_dir, osfl.privacy)
     from omegaconf import OmegaConf
 
-    from osfl.audit_dir import audit_run_dir
-    from osfl.privacy.audit import audit_rich_table, parse_audit
+    from osfl.audit_dir import audit_run_dir  # heavy: torch (the assembly layer)
+    from osfl.privacy.audit import audit_rich_table, parse_audit  # heavy: torch
 
     if args.aux_per_class < 1:
         raise ConfigError(f"--aux-per-class must be >= 1, got {args.aux_per_class}")
@@ -59,7 +59,7 @@ def _check_device(name: str) -> None:
     # heavy: torch
     import torch
 
-    from osfl.assembly import resolve_device
+    from osfl.assembly import resolve_device  # heavy: torch (the assembly layer)
 
     try:
         dev = resolve_device(name)

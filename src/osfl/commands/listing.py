@@ -26,12 +26,12 @@ def registries() -> dict[str, list[str]]:
     """Every registry a user can name in a config, by kind (methods included)."""
     # heavy: torch (every registry lives with its layer)
     import osfl.methods  # noqa: F401  (registers the methods)
-    from osfl.data.partition import PARTITIONS
-    from osfl.data.sources import list_datasets
-    from osfl.data.transforms import PIPELINES
-    from osfl.fl.method import METHODS
-    from osfl.models import list_models
-    from osfl.privacy import ATTACKS
+    from osfl.data.partition import PARTITIONS  # heavy: torch
+    from osfl.data.sources import list_datasets  # heavy: torch
+    from osfl.data.transforms import PIPELINES  # heavy: torch
+    from osfl.fl.method import METHODS  # heavy: torch
+    from osfl.models import list_models  # heavy: torch
+    from osfl.privacy import ATTACKS  # heavy: torch
 
     return {
         "datasets": list_datasets(),
@@ -56,7 +56,7 @@ def _methods_table(names: Sequence[str]) -> Any:
     # heavy: rich, torch (osfl.fl.method)
     from rich.table import Table
 
-    from osfl.fl.method import METHODS
+    from osfl.fl.method import METHODS  # heavy: torch
 
     table = Table(title="methods (osfl list --method NAME: its paper and options)")
     for col in ("method", "regime", "rounds", "uploads", "what it does"):
@@ -92,9 +92,9 @@ def _describe_method(console: Any, name: str) -> None:
     # heavy: rich, torch (osfl.methods, osfl.config)
     from rich.table import Table
 
-    import osfl.methods  # noqa: F401  (registers the methods)
-    from osfl.config import config_options
-    from osfl.fl.method import METHODS, capabilities_of
+    import osfl.methods  # noqa: F401  (heavy: torch; registers the methods)
+    from osfl.config import config_options  # heavy: omegaconf
+    from osfl.fl.method import METHODS, capabilities_of  # heavy: torch
 
     cls = METHODS.get(name)
     card = cls.card

@@ -15,8 +15,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
     # heavy: rich, torch (osfl.data)
     from rich.table import Table
 
-    from osfl.data.partition import make_federation
-    from osfl.data.sources import load_data
+    from osfl.data.partition import make_federation  # heavy: torch
+    from osfl.data.sources import load_data  # heavy: torch
 
     for flag, name in (("--out", args.out), ("--plot", args.plot)):
         if name is not None and Path(name).is_dir():  # before anything is written

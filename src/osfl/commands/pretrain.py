@@ -22,12 +22,12 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     # heavy: torch and the whole pretraining stack; osfl.pretrain.card alone is light,
     # but at module level it (with hashlib) would add ~4 ms, half again, to `import osfl.cli`
     from osfl.assembly import load_splits
-    from osfl.config import load_config
-    from osfl.pretrain.card import check_disjoint
-    from osfl.pretrain.config import load_pretrain_config
-    from osfl.pretrain.export import save_encoder, upstream_block
-    from osfl.pretrain.train import pretrain
-    from osfl.pretrain.upstream import load_upstream, parse_classes
+    from osfl.config import load_config  # heavy: omegaconf
+    from osfl.pretrain.card import check_disjoint  # heavy: hashlib (~4 ms)
+    from osfl.pretrain.config import load_pretrain_config  # heavy: omegaconf
+    from osfl.pretrain.export import save_encoder, upstream_block  # heavy: torch
+    from osfl.pretrain.train import pretrain  # heavy: torch
+    from osfl.pretrain.upstream import load_upstream, parse_classes  # heavy: torch
 
     config, overrides = split_run_args(args.items)
     shortcuts = {

@@ -48,8 +48,8 @@ def cmd_suite(args: argparse.Namespace, run_command: RunCommand) -> int:
         return 0
     # heavy: the catalogue and planner (~20 ms); `osfl --help` needs none of it
     from osfl.suite.catalogue import STEPS
-    from osfl.suite.plan import select_steps
-    from osfl.suite.steps import command_text
+    from osfl.suite.plan import select_steps  # heavy: the planner
+    from osfl.suite.steps import command_text  # heavy: dataclasses (~8 ms, which osfl.cli lacks)
 
     sections = [s for s in (args.sections or "").split(",") if s]
     if args.suite_command == "list":
@@ -58,7 +58,7 @@ def cmd_suite(args: argparse.Namespace, run_command: RunCommand) -> int:
         return 0
     # heavy: numpy (osfl.suite.execute reads packs), torch once a step runs
     from osfl.suite.bundle import read_json
-    from osfl.suite.execute import SuiteRequest, check_budget, run_suite
+    from osfl.suite.execute import SuiteRequest, check_budget, run_suite  # heavy: numpy, torch
 
     check_budget(args.budget)  # nan, inf, <= 0: one line, before anything is written
     pack_dir = Path(args.pack) if args.pack and Path(args.pack).exists() else None

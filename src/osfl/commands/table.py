@@ -17,7 +17,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     the same clients (refused when their clients differ)."""
     # heavy: torch (osfl.report, osfl.scoreboard)
     from osfl import report
-    from osfl.scoreboard import merge_runs
+    from osfl.scoreboard import merge_runs  # heavy: torch, as above
 
     # the output files are checked before anything is read or printed: a refusal writes nothing
     for flag, name in (("--per-seed", args.per_seed), ("--frontier", args.frontier)):

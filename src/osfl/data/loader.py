@@ -15,6 +15,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
+from osfl.data.device_path import device_path
 from osfl.data.imageset import ImageSet
 from osfl.errors import DataError
 
@@ -107,3 +108,49 @@ class BatchIterator:
             f"BatchIterator(n={self.num_samples}, batch_size={self.batch_size}, shuffle={self.shuffle}, "
             f"drop_last={self.drop_last}, device={self.device})"
         )
+
+
+class DeviceLoader(BatchIterator):
+    """The loader of the device path: the permutations drawn as the plain
+    loader draws them (from the run's CPU generator), sent to the device
+    without blocking (from pinned memory on CUDA), so an epoch's first step
+    does not wait for the GPU."""
+
+    def _order(self) -> torch.Tensor:
+        g = self.generator
+        if not self.shuffle or g is None or g.device.type != "cpu" or self.device.type == "cpu":
+            return super()._order()
+        perm = torch.randperm(self.num_samples, generator=g)
+        if self.device.type == "cuda":
+            perm = perm.pin_memory()
+        return perm.to(self.device, non_blocking=True)
+
+
+def client_loader(
+    data: ImageSet,
+    batch_size: int,
+    drop_last: bool,
+    generator: torch.Generator,
+    device: torch.device,
+) -> BatchIterator:
+    """A client's shuffled training batches on ``device`` (:class:`DeviceLoader`
+    on the device path), as both training loops draw them; an empty set, or
+    one smaller than a batch with ``drop_last``, is a :class:`DataError`."""
+    if len(data) == 0:
+        raise DataError("cannot train on an empty client data set")
+    cls = DeviceLoader if device_path(device) else BatchIterator
+    loader = cls(
+        data.images,
+        data.labels,
+        batch_size,
+        shuffle=True,
+        drop_last=drop_last,
+        generator=generator,
+        device=device,
+    )
+    if len(loader) == 0:
+        raise DataError(
+            f"client has {len(data)} samples, fewer than batch_size={batch_size} with "
+            "drop_last=True: lower batch_size or set drop_last=false"
+        )
+    return loader

@@ -29,6 +29,16 @@ client would not match a sequential run), the objective is plain
 cross-entropy (no objective terms, no custom loss), and, for a schedule that
 is not constant, every client takes the same number of steps (the schedule is
 one for all). :func:`batchable` says why not otherwise.
+
+**Why a loop of its own** (osfl has two image-training loops, this one and
+:func:`~osfl.fl.training.train_local`; tensors train in
+:func:`osfl.fl.tensor_fit.fit`): a step here is one vmapped forward and one
+optimizer step over N clients' stacked parameters, with clipping per client,
+which no per-client loop can express, and its kernels sum in another order, so
+folding one loop into the other would change the numbers of the one folded.
+It is a driver over what ``train_local`` is built from: the same loader
+(:func:`osfl.data.loader.client_loader`), optimizer and schedule registries
+(:mod:`osfl.fl.optim`), and statistics (:class:`osfl.fl.train_stats.StepTally`).
 """
 
 from __future__ import annotations
@@ -43,11 +53,12 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, vmap
 
+from osfl.data.loader import client_loader
 from osfl.data.transforms import augmentation_generator
 from osfl.errors import ConfigError
 from osfl.fl.optim import build_optimizer, build_schedule, is_constant_schedule
 from osfl.fl.train_config import TrainConfig
-from osfl.fl.training import TrainStats, _loader, training_health
+from osfl.fl.train_stats import StepTally, TrainStats
 
 if TYPE_CHECKING:
     from osfl.data.imageset import ImageSet
@@ -83,7 +94,7 @@ def _client_batches(
     data: ImageSet, cfg: TrainConfig, generator: torch.Generator, device: torch.device, total: int
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The client's ``total`` batches, epoch after epoch, exactly as :func:`train_local` draws them."""
-    loader = _loader(data, cfg, generator, device)
+    loader = client_loader(data, cfg.batch_size, cfg.drop_last, generator, device)
     step = 0
     while step < total:
         for batch in loader:
@@ -91,57 +102,6 @@ def _client_batches(
             step += 1
             if step >= total:
                 return
-
-
-class _ClientTally:
-    """Loss sums and last-epoch accuracy of one client (as :func:`train_local` keeps them)."""
-
-    def __init__(self, total: int, per_epoch: int, device: torch.device):
-        self.total, self.per_epoch = total, per_epoch
-        self.loss_sum = torch.zeros((), device=device)
-        self.first = torch.zeros((), device=device)
-        self.final = torch.zeros((), device=device)
-        self.correct = torch.zeros((), dtype=torch.int64, device=device)
-        self.last = self.loss_sum
-        self.seen = self.samples = 0
-        self.num_classes: int | None = None
-        self.labels: list[torch.Tensor] = []
-
-    def add(self, step: int, loss: torch.Tensor, logits: torch.Tensor, y: torch.Tensor) -> None:
-        self.loss_sum += loss
-        self.last = loss
-        if step < self.per_epoch:
-            self.first += loss
-        if step >= self.total - self.per_epoch:
-            self.final += loss
-            self.correct += (logits.argmax(dim=1) == y).sum()
-            self.seen += y.shape[0]
-            self.num_classes = logits.shape[-1]
-        self.samples += y.shape[0]
-        self.labels.append(y)
-
-    def stats(self, epochs: float, seconds: float) -> TrainStats:
-        # one read of the device sums, as train_local does (float64 holds each exactly)
-        sums = [self.first, self.final, self.correct, self.loss_sum, self.last]
-        first, final, correct, loss_sum, last = torch.stack([t.double() for t in sums]).tolist()
-        first_loss = first / self.per_epoch
-        final_loss = final / self.per_epoch
-        accuracy = correct / self.seen if self.seen else None
-        return TrainStats(
-            steps=self.total,
-            samples=self.samples,
-            epochs=epochs,
-            mean_loss=loss_sum / max(self.total, 1),
-            last_loss=last,
-            seconds=seconds,
-            first_loss=first_loss,
-            final_loss=final_loss,
-            train_accuracy=accuracy,
-            warnings=training_health(
-                first_loss, final_loss, accuracy, epochs, num_classes=self.num_classes
-            ),
-            num_classes=self.num_classes,
-        )
 
 
 def _clip_per_client(params: Sequence[torch.Tensor], max_norm: float) -> None:
@@ -245,6 +205,7 @@ def train_batched(
     optimizer = build_optimizer(stack.trainable, cfg)
     schedule = None if is_constant_schedule(cfg) else build_schedule(optimizer, cfg, totals[0])
     streams, tallies = _client_streams(datas, generators, cfg, device, totals)
+    labels: list[list[torch.Tensor]] = [[] for _ in range(n)]
     augment = [augmentation_generator(g, device) for g in generators]
     results: dict[int, BatchedResult] = {}
     start = time.perf_counter()
@@ -252,14 +213,16 @@ def train_batched(
         active = [i for i in range(n) if step < totals[i]]
         batches = _draw(active, streams, augment, transform)
         loss = _step_loss(stack, batches, tallies, step)
+        for i, (_, yb) in batches.items():
+            labels[i].append(yb)
         _update(optimizer, schedule, loss, stack.trainable, cfg.grad_clip)
         for i in active:
             if step + 1 == totals[i]:
                 epochs = totals[i] / max(cfg.batches_per_epoch(sizes[i]), 1)
                 results[i] = BatchedResult(
                     state=stack.state_of(i),
-                    stats=tallies[i].stats(epochs, time.perf_counter() - start),
-                    step_labels=tallies[i].labels,
+                    stats=tallies[i].stats(totals[i], epochs, time.perf_counter() - start),
+                    step_labels=labels[i],
                 )
     return [results[i] for i in range(n)]
 
@@ -282,7 +245,7 @@ def _client_streams(
     cfg: TrainConfig,
     device: torch.device,
     totals: Sequence[int],
-) -> tuple[list[Iterator[tuple[torch.Tensor, torch.Tensor]]], list[_ClientTally]]:
+) -> tuple[list[Iterator[tuple[torch.Tensor, torch.Tensor]]], list[StepTally]]:
     """Each client's batch stream (its own loader and generator, as in its
     sequential run) and the tally that keeps its statistics."""
     streams = [
@@ -291,7 +254,7 @@ def _client_streams(
     ]
     sizes = [len(d) for d in datas]
     per_epoch = [min(cfg.batches_per_epoch(s), t) for s, t in zip(sizes, totals, strict=True)]
-    tallies = [_ClientTally(t, e, device) for t, e in zip(totals, per_epoch, strict=True)]
+    tallies = [StepTally(t, e, device) for t, e in zip(totals, per_epoch, strict=True)]
     return streams, tallies
 
 
@@ -314,7 +277,7 @@ def _draw(
 def _step_loss(
     stack: _Stack,
     batches: dict[int, tuple[torch.Tensor, torch.Tensor]],
-    tallies: Sequence[_ClientTally],
+    tallies: Sequence[StepTally],
     step: int,
 ) -> torch.Tensor:
     """The sum over clients of each one's mean cross-entropy (its gradient is

@@ -22,14 +22,13 @@ from osfl.fl.cache import state_hash, transform_key
 from osfl.fl.objectives import ObjectiveTerm
 from osfl.fl.provenance import compute_environment
 from osfl.fl.train_config import TrainConfig
+from osfl.fl.train_stats import TrainStats, stats_health
 from osfl.fl.training import (
     LossFn,
     OnBatch,
-    TrainStats,
     init_model,
     replay_step_labels,
     report_training_warnings,
-    stats_health,
     train_local,
 )
 

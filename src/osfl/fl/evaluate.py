@@ -3,10 +3,9 @@
 Metrics follow the one-shot FL papers: *global test accuracy* of the server's
 predictor on the held-out test set (FedMITR, FALCON, FAFI tables); for the
 ``local`` floor (one model per client, ``PerClientPredictor``) the mean of the
-clients' accuracies on that same test set, and likewise for a method whose
-clients keep models of their own (``OwnModels``, EFTViT: each client scores
-its own model, :func:`merge_client_models` puts the scores together beside the
-server predictor's); and, optionally, each client's
+clients' accuracies on that same test set (a method whose clients keep models
+of their own is scored likewise, from each client's score of its own model:
+:mod:`osfl.fl.own_models`); and, optionally, each client's
 *local test accuracy*: its accuracy on the global test set re-weighted by the
 client's training class proportions, the usual stand-in for a local test set
 drawn from the client's own label distribution in personalised-FL evaluation
@@ -18,7 +17,7 @@ test batch is transformed once and scored by every client model.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -238,64 +237,3 @@ def check_client_score(
             f"client {client} sent a malformed score of its own model ({str(score)[:120]})"
         )
     return score
-
-
-def _mean(values: Sequence[float]) -> float:
-    return float(np.mean(values))
-
-
-def merge_client_models(
-    server: Mapping[str, Any], scores: Mapping[int, Mapping[str, Any]], num_clients: int
-) -> dict[str, Any]:
-    """The metrics of a method whose clients keep models of their own
-    (``OwnModels``), from the evaluator's metrics of the server's predictor
-    (``server``) and of each client's own model (``scores``, by client id; a
-    client missing from it did not score).
-
-    As for the ``local`` floor, the accuracy keys are the clients': the mean
-    over the clients that scored (``global_test_accuracy`` =
-    ``mean_client_accuracy``; ``per_class_accuracy``, ``validation_accuracy``
-    averaged the same way; ``local_test_accuracies``: client ``i``'s own model
-    on its own label mix), ``client_accuracies`` by client id (null for one that
-    did not score). The server predictor's are ``server_accuracy``,
-    ``server_per_class_accuracy`` and, where measured,
-    ``server_validation_accuracy`` and ``server_local_test_accuracy``."""
-    clients = sorted(scores)
-    if not clients:
-        raise DataError("no client scored its own model")
-    accs = {c: float(scores[c]["global_test_accuracy"]) for c in clients}
-    mean = _mean(list(accs.values()))
-    num_classes = len(server["per_class_accuracy"])
-    per_class = [
-        None
-        if any(scores[c]["per_class_accuracy"][k] is None for c in clients)
-        else _mean([scores[c]["per_class_accuracy"][k] for c in clients])
-        for k in range(num_classes)
-    ]
-    out: dict[str, Any] = {
-        "global_test_accuracy": mean,
-        "per_class_accuracy": per_class,
-        "num_samples": server["num_samples"],
-        "mean_client_accuracy": mean,
-        "client_accuracies": [accs.get(c) for c in range(num_clients)],
-        "server_accuracy": server["global_test_accuracy"],
-        "server_per_class_accuracy": list(server["per_class_accuracy"]),
-    }
-    if "validation_accuracy" in server:
-        out["validation_accuracy"] = _mean([scores[c]["validation_accuracy"] for c in clients])
-        out["server_validation_accuracy"] = server["validation_accuracy"]
-    if "local_test_accuracies" in server:
-        own = [float(scores[c]["local_test_accuracies"][c]) for c in clients]
-        out["local_test_accuracies"] = own
-        out["local_test_accuracy"] = _mean(own)
-        out["server_local_test_accuracy"] = server["local_test_accuracy"]
-    bad = sum(int(scores[c].get("nonfinite_outputs", 0)) for c in clients)
-    if bad:
-        out["nonfinite_outputs"] = bad
-    warnings = [f"server predictor: {w}" for w in server.get("warnings", [])]
-    warnings += [
-        f"client {c}'s own model: {w}" for c in clients for w in scores[c].get("warnings", [])
-    ]
-    if warnings:
-        out["warnings"] = warnings
-    return out

@@ -30,12 +30,15 @@ import functools
 import hashlib
 import json
 import os
+import sys
 import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from osfl.errors import ConfigError
 
 __all__ = [
     "CPU_KERNEL_CHOICES",
@@ -109,8 +112,6 @@ def onednn_isa() -> str | None:
 
 
 def _probe_onednn() -> str | None:
-    import sys
-
     sys.stdout.flush()
     fd, path = tempfile.mkstemp(prefix="osfl-onednn-")
     saved = os.dup(1)
@@ -172,8 +173,6 @@ def _caches() -> str:
 def check_kernel_choice() -> None:
     """Refuse an ``OSFL_CPU_KERNELS`` value osfl does not know (a typo would
     otherwise run the native kernels while the user believes them pinned)."""
-    from osfl.errors import ConfigError
-
     value = os.environ.get("OSFL_CPU_KERNELS", "native") or "native"
     if value not in CPU_KERNEL_CHOICES:
         raise ConfigError(

@@ -112,6 +112,11 @@ class Method(ABC):
     name: ClassVar[str]
     Config: ClassVar[type]
     card: ClassVar[MethodCard] = MethodCard()
+    #: Whether the method's clients train through the shared recipe
+    #: (``run.train``, ``method_train.<name>``). False for a method with its own
+    #: training knobs (FALCON's ``generator_fit``): ``method_train.<name>`` is
+    #: then refused rather than recorded and ignored (tests/test_trains_with_recipe.py).
+    trains_with_recipe: ClassVar[bool] = True
 
     def __init__(self, config: Any, run: RunContext):
         self.config = config
@@ -156,7 +161,13 @@ class Method(ABC):
 
 # --------------------------------------------------------------------------- capabilities
 class Capability(ABC):  # noqa: B024 - a marker base: KeepsClientState has no members
-    """A named optional part of the Method contract, opted into by inheriting it."""
+    """A named optional part of the Method contract, opted into by inheriting it.
+
+    It earns its place by serving two registered methods or more; one serving
+    a single method names it in ``single_user`` (tested), is a generic runtime
+    hook, leaves the rest to the method's own code, and says why in its docstring."""
+
+    single_user: ClassVar[str | None] = None  # its one user, where only one uses it
 
 
 class MultiRound(Capability):
@@ -234,18 +245,20 @@ class SiteEvaluation(Capability):
 
 class OwnModels(Capability):
     """Each client ends with a model of its own, built from what the server
-    broadcasts and what the client keeps in its state (EFTViT's private local
-    module under the broadcast global module), and that model, not
+    broadcasts and what the client keeps in its state, and that model, not
     ``predictor``, is the one the method's paper evaluates.
 
-    Wherever the server's predictor is scored (the ``eval_every`` rounds and
-    the end), the runtime has every client score its own model, built from the
-    broadcast the server would send next, with the job's evaluator: in
-    process from the states the simulation keeps, under Flower at each node
-    from its ``Context.state``. A client never sampled has an empty state.
-    The record's accuracy is then the clients' mean (``mean_client_accuracy``,
-    each in ``client_accuracies``) and the server predictor's is beside it
-    (``server_accuracy``); docs/run-directory.md."""
+    One user, EFTViT: what the model is (its private local module under the
+    broadcast global module) is its own code. The runtime keeps one generic
+    hook, as the method cannot reach a client's state under Flower (it never
+    leaves the node): wherever the server's predictor is scored, every client
+    scores whatever predictor the method builds from the next broadcast and
+    its state (empty: never sampled), in one place (:mod:`osfl.fl.own_models`)
+    that the transports only carry. The runtime's accuracy is the clients'
+    mean (``mean_client_accuracy``, ``client_accuracies``), the server
+    predictor's beside it (``server_accuracy``); docs/run-directory.md."""
+
+    single_user: ClassVar[str | None] = "eftvit"
 
     @abstractmethod
     def client_predictor(self, broadcast: Broadcast, client_state: ClientState) -> Predictor:
@@ -291,9 +304,14 @@ class ImprovesOn(Capability):
 
 
 class ServerValidation(Capability):
-    """The server chooses among its own candidates (a student's epochs) by
-    accuracy on the run's validation set (``data.validation_fraction``),
-    carved from the train set before partitioning, so no client holds it."""
+    """The server receives the run's validation set (``data.validation_fraction``),
+    carved from the train set before partitioning, so no client holds it.
+
+    One user, FALCON, whose own code picks its student's epoch by it
+    (``student_selection=validation``); the generic hook, handing the set over
+    (:func:`give_validation`), stays: only the run's assembly holds the splits."""
+
+    single_user: ClassVar[str | None] = "falcon"
 
     @abstractmethod
     def use_validation(self, data: ImageSet | None) -> None:
@@ -420,6 +438,10 @@ class MethodWrapper(Method):
     @property  # type: ignore[override]
     def card(self) -> MethodCard:  # type: ignore[override]
         return self.inner.card
+
+    @property  # type: ignore[override]
+    def trains_with_recipe(self) -> bool:  # type: ignore[override]
+        return self.inner.trains_with_recipe
 
     def check(self) -> None:
         self.inner.check()

@@ -14,6 +14,7 @@ what one-shot FL with unequal client sizes needs.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -180,6 +181,26 @@ def build_optimizer(
     if not trainable:
         raise ConfigError("the model has no trainable parameters (all requires_grad=False)")
     return OPTIMIZERS.get(cfg.optimizer).build(trainable, cfg)
+
+
+def fused(optimizer: torch.optim.Optimizer, device: torch.device) -> torch.optim.Optimizer:
+    """``optimizer`` rebuilt with ``fused=True`` on CUDA, where torch has fused
+    SGD, Adam and AdamW kernels (one launch for all parameters, no host-side
+    step counter). Left as it is on the CPU (torch's fused CPU kernels would
+    change today's numbers), for other optimizers, and once it has state.
+    :func:`build_optimizer` builds one parameter group from ``defaults``, so
+    the rebuild is that optimizer with one option more; a separate step
+    because the CPU paths (the batched loop, tensor fits) must not take it."""
+    fusable = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
+    if device.type != "cuda" or type(optimizer) not in fusable or len(optimizer.param_groups) != 1:
+        return optimizer
+    if optimizer.state:  # already stepped: keep its state
+        return optimizer
+    accepted = inspect.signature(type(optimizer).__init__).parameters
+    # defaults may hold more than the constructor takes (AdamW's decoupled_weight_decay)
+    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
+    defaults.update(fused=True, foreach=None)
+    return type(optimizer)(optimizer.param_groups[0]["params"], **defaults)
 
 
 def is_constant_schedule(cfg: OptimConfig) -> bool:

@@ -91,7 +91,7 @@ class RichProgress(Progress):
             TimeElapsedColumn,
             TimeRemainingColumn,
         )
-        from rich.progress import Progress as RichBoard
+        from rich.progress import Progress as RichBoard  # heavy: rich.progress
 
         self._board = RichBoard(
             TextColumn("[progress.description]{task.description}"),

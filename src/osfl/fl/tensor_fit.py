@@ -34,62 +34,42 @@ BatchLoss = Callable[..., torch.Tensor]
 EpochScore = Callable[[nn.Module], float]
 #: Which epoch's weights :func:`fit` leaves in the model without a ``score``.
 KEEPS = ("last", "lowest_loss")
-#: What :func:`fit` computes each batch's forward pass in (``FitConfig.autocast``).
-AUTOCASTS = ("none", "bfloat16")
 
 
 @dataclass(frozen=True)
-class FitConfig:
-    """One training recipe: ``epochs`` passes over the tensors in shuffled
-    batches of ``batch_size`` with ``optimizer`` at ``lr`` (schedule per step).
-    ``keep``: the weights left at the end, the ``last`` epoch's or those of
-    the epoch with the ``lowest_loss`` (mean training loss; FALCON's authors
-    keep their generator this way). ``autocast: bfloat16`` runs each batch's
-    forward pass under :func:`torch.autocast` in bfloat16, on a CPU too (the
-    loss functions cast their results to float32): 1.56× per FALCON generator
-    step on a CPU with AVX-512 BF16 at the same loss curve (BENCHMARKS.md);
-    off by default, since it changes results in their last digits."""
+class FitConfig(OptimConfig):
+    """One training recipe: the optimizer of :class:`~osfl.fl.optim.OptimConfig`
+    (its fields, names and checks; only the defaults differ: Adam at 5e-4, the
+    frozen-encoder papers' choice) plus ``epochs`` passes over the tensors in
+    shuffled batches of ``batch_size`` (schedule per step). ``keep``: the
+    weights left at the end, the ``last`` epoch's or those of the epoch with
+    the ``lowest_loss`` (mean training loss; FALCON's authors keep their
+    generator this way). ``amp`` (mixed precision, ``train.amp``'s name) runs
+    each batch's forward pass under :func:`torch.autocast` in bfloat16, on a
+    CPU too (the loss functions cast their results to float32): 1.56× per
+    FALCON generator step on a CPU with AVX-512 BF16 at the same loss curve
+    (BENCHMARKS.md); off by default, since it changes results in their last
+    digits. It was ``autocast: bfloat16|none`` (osfl.config.hints)."""
 
+    optimizer: str = "adam"
+    lr: float = 5e-4
     #: passes over the training tensors
     epochs: int = 60
     #: samples per step
     batch_size: int = 256
-    #: adam, adamw, sgd, ... (the names of train.optimizer)
-    optimizer: str = "adam"
-    #: learning rate
-    lr: float = 5e-4
-    #: weight decay
-    weight_decay: float = 0.0
-    #: learning-rate schedule per step (constant, cosine, ...)
-    schedule: str = "constant"
-    #: clip the gradient norm to this value (null: no clipping)
-    grad_clip: float | None = None
     #: the weights left at the end: the last epoch's, or the lowest_loss epoch's
     keep: str = "last"
-    #: forward pass under torch.autocast in bfloat16 (on CPU too), or none: float32
-    autocast: str = "none"
+    #: mixed precision: the forward pass under torch.autocast in bfloat16 (on CPU too)
+    amp: bool = False
 
     def __post_init__(self) -> None:
+        super().__post_init__()  # the optimizer fields: OptimConfig's checks
         if self.keep not in KEEPS:
             raise ConfigError(f"keep must be one of {', '.join(KEEPS)}; got {self.keep!r}")
-        if self.autocast not in AUTOCASTS:
-            raise ConfigError(
-                f"autocast must be one of {', '.join(AUTOCASTS)}; got {self.autocast!r}"
-            )
         if self.epochs < 1:
             raise ConfigError(f"epochs must be >= 1, got {self.epochs}")
         if self.batch_size < 1:
             raise ConfigError(f"batch_size must be >= 1, got {self.batch_size}")
-        self.optim()  # the optimizer fields are OptimConfig's: checked once, there
-
-    def optim(self) -> OptimConfig:
-        return OptimConfig(
-            optimizer=self.optimizer,
-            lr=self.lr,
-            weight_decay=self.weight_decay,
-            schedule=self.schedule,
-            grad_clip=self.grad_clip,
-        )
 
 
 def fit(
@@ -122,17 +102,14 @@ def fit(
     device = torch.device(device)
     data = [t.to(device) for t in tensors]
     model.to(device).train()
-    ocfg = cfg.optim()
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = build_optimizer(params, ocfg)
+    optimizer = build_optimizer(params, cfg)
     per_epoch = math.ceil(n / cfg.batch_size)
-    schedule = build_schedule(optimizer, ocfg, cfg.epochs * per_epoch)
+    schedule = build_schedule(optimizer, cfg, cfg.epochs * per_epoch)
     losses: list[float] = []
     best = _BestEpoch()
     autocast: Callable[[], AbstractContextManager[Any]] = (
-        (lambda: torch.autocast(device.type, dtype=torch.bfloat16))
-        if cfg.autocast == "bfloat16"
-        else nullcontext
+        (lambda: torch.autocast(device.type, dtype=torch.bfloat16)) if cfg.amp else nullcontext
     )
     task = (progress or Progress()).task(description, cfg.epochs)
     # dropout draws from the global RNG: seed it from ``generator`` inside a fork

@@ -24,33 +24,70 @@ epochs (or a fixed number of local steps) of mini-batch training with
 cross-entropy, where algorithm-specific terms (FedProx, SCAFFOLD, FedDyn, ...)
 plug in through :mod:`osfl.fl.objectives` and method-specific losses (FAFI's
 contrastive objective) through ``loss_fn``.
+
+One of osfl's two image-training loops: :mod:`osfl.fl.batched_training` trains
+many clients' copies of one model as one vmapped step (why it is separate: its
+docstring); both draw batches with :func:`osfl.data.loader.client_loader` and
+keep statistics in :class:`osfl.fl.train_stats.StepTally`. Tensors (features,
+tokens) train in :func:`osfl.fl.tensor_fit.fit`.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
-import math
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
-from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from osfl.data.loader import BatchIterator
+from osfl.data.loader import client_loader
 from osfl.data.transforms import augmentation_generator, device_path
-from osfl.errors import DataError
 from osfl.fl.objectives import ObjectiveTerm
-from osfl.fl.optim import build_optimizer, build_schedule, is_constant_schedule
+from osfl.fl.optim import build_optimizer, build_schedule, fused, is_constant_schedule
 from osfl.fl.progress import Progress, ProgressTask
 from osfl.fl.provenance import compute_dtype
 from osfl.fl.seeds import derive_seed
 from osfl.fl.train_config import TrainConfig
+
+# the record and judgement of a local training moved to osfl.fl.train_stats (shared
+# with the batched loop); their names stay importable from here for the runtimes
+from osfl.fl.train_stats import (
+    LOSS_RISE_TOLERANCE,
+    LR_HINT,
+    MIN_SKILL,
+    UNDERFIT_HINT,
+    StepTally,
+    TrainingScope,
+    TrainStats,
+    stats_health,
+    training_health,
+    training_scope,
+)
+
+__all__ = [
+    "LOSS_RISE_TOLERANCE",
+    "LR_HINT",
+    "MIN_SKILL",
+    "UNDERFIT_HINT",
+    "LossFn",
+    "OnBatch",
+    "TrainStats",
+    "TrainingScope",
+    "collect_training_warnings",
+    "init_model",
+    "record_step_labels",
+    "replay_step_labels",
+    "report_training_warnings",
+    "stats_health",
+    "train_local",
+    "training_health",
+    "training_scope",
+]
 
 if TYPE_CHECKING:
     from osfl.data.imageset import ImageSet
@@ -116,149 +153,6 @@ def replay_step_labels(labels: Sequence[torch.Tensor]) -> None:
         tap.extend(labels)
 
 
-@dataclass(frozen=True)
-class TrainStats:
-    """What one call of :func:`train_local` did. ``first_loss`` / ``final_loss``:
-    the mean loss of the first and of the last epoch (or of as many steps);
-    ``train_accuracy``: the accuracy on the client's own batches during the
-    last epoch (``None`` for a custom ``loss_fn``); ``warnings``: what looked
-    wrong (:func:`training_health`, in the active :func:`training_scope`)."""
-
-    steps: int
-    samples: int
-    epochs: float
-    mean_loss: float
-    last_loss: float
-    seconds: float
-    first_loss: float = math.nan
-    final_loss: float = math.nan
-    train_accuracy: float | None = None
-    warnings: tuple[str, ...] = ()
-    num_classes: int | None = None  # the width of the logits (None for a custom loss_fn)
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-#: A client whose whole training (a one-shot upload) ends less than this fraction of the
-#: way from chance to 100% accuracy on its own training batches has not fitted its data:
-#: 32.5% for 10 classes, 50% for 3 (chance is 1/C for C classes).
-MIN_SKILL = 0.25
-#: A loss that rose by less than this fraction is noise (fresh masks and augmentations
-#: every epoch, a learning rate too small to move it), not a warning.
-LOSS_RISE_TOLERANCE = 0.05
-#: The remedy for a loss that diverged or rose from the start.
-LR_HINT = "lower the learning rate (train.lr) or set train.grad_clip"
-#: The remedy for a client that trained stably but did not fit its data.
-UNDERFIT_HINT = "train longer (train.epochs) or raise the learning rate (train.lr)"
-
-
-@dataclass(frozen=True)
-class TrainingScope:
-    """Where a local training sits in its method: ``round`` of a one-round or
-    a ``multi_round`` method.
-
-    One round of a multi-round method is one piece of the federation's
-    training: it is not expected to fit the client's data (the global model
-    learns over the rounds), and from round 1 on it starts from a global model
-    fitted to other clients, so its loss may rise on the way to this client's
-    data (client drift). Such a training is judged only for divergence.
-    """
-
-    round: int = 0
-    multi_round: bool = False
-
-    @property
-    def from_global_model(self) -> bool:
-        """Starts from a model the federation trained (drift is expected)."""
-        return self.multi_round and self.round > 0
-
-
-_SCOPE: ContextVar[TrainingScope | None] = ContextVar("osfl_training_scope", default=None)
-
-
-@contextmanager
-def training_scope(round: int, *, multi_round: bool) -> Iterator[TrainingScope]:
-    """Local training run inside the block is ``round`` of a one-round or a
-    ``multi_round`` method (the runtimes' client turns set it; outside one, a
-    training is a client's whole training and is judged as one)."""
-    scope = TrainingScope(round=round, multi_round=multi_round)
-    token = _SCOPE.set(scope)
-    try:
-        yield scope
-    finally:
-        _SCOPE.reset(token)
-
-
-def training_health(
-    first_loss: float,
-    final_loss: float,
-    train_accuracy: float | None,
-    epochs: float,
-    *,
-    num_classes: int | None = None,
-    scope: TrainingScope | None = None,
-) -> tuple[str, ...]:
-    """What a finished local training says about itself, each symptom with its remedy.
-
-    - a loss that is not finite: diverged (:data:`LR_HINT`);
-    - a loss that rose from the first epoch to the last by more than
-      :data:`LOSS_RISE_TOLERANCE`: unstable (:data:`LR_HINT`), unless the
-      training started from a global model (round >= 1 of a multi-round
-      method: client drift) and ended below chance level (``ln C``, the loss
-      of a uniform guess over ``num_classes``);
-    - a client's whole training (not one round of several) whose accuracy on
-      its own batches stayed within :data:`MIN_SKILL` of chance (``1/C``):
-      underfitted (:data:`UNDERFIT_HINT`).
-
-    ``scope`` defaults to the active :func:`training_scope`. Training for a
-    fraction of an epoch is not judged.
-    """
-    scope = scope or _SCOPE.get() or TrainingScope()
-    if not (math.isfinite(first_loss) and math.isfinite(final_loss)):
-        return (f"local training diverged (loss {final_loss}); {LR_HINT}",)
-    found = []
-    chance_loss = math.log(num_classes) if num_classes and num_classes > 1 else None
-    rose = epochs >= 2 and final_loss > first_loss * (1 + LOSS_RISE_TOLERANCE)
-    above_chance = chance_loss is not None and final_loss >= chance_loss
-    if rose and (above_chance or not scope.from_global_model):
-        level = (
-            f", above chance level ({chance_loss:.3g} for {num_classes} classes)"
-            if above_chance
-            else ""
-        )
-        found.append(
-            f"the local loss rose from {first_loss:.3g} (first epoch) to {final_loss:.3g} "
-            f"(last){level}; {LR_HINT}"
-        )
-    whole = not rose and not scope.multi_round and epochs >= 1
-    if whole and train_accuracy is not None and num_classes is not None and num_classes > 1:
-        chance = 1 / num_classes
-        if train_accuracy < chance + MIN_SKILL * (1 - chance):
-            found.append(
-                f"did not fit its own data: {100 * train_accuracy:.0f}% accuracy on its "
-                f"training batches in the last epoch (chance {100 * chance:.0f}% for "
-                f"{num_classes} classes) after {epochs:.3g} epochs; {UNDERFIT_HINT}"
-            )
-    return tuple(found)
-
-
-def stats_health(stats: Mapping[str, Any]) -> tuple[str, ...]:
-    """:func:`training_health` of a stored :meth:`TrainStats.as_dict` (a client-cache
-    hit), judged in the active :func:`training_scope`; an entry without the numbers
-    keeps the warnings it was stored with."""
-    try:
-        return training_health(
-            float(stats["first_loss"]),
-            float(stats["final_loss"]),
-            None if stats.get("train_accuracy") is None else float(stats["train_accuracy"]),
-            float(stats["epochs"]),
-            num_classes=stats.get("num_classes"),
-        )
-    except (KeyError, TypeError, ValueError):
-        return tuple(str(w) for w in stats.get("warnings") or ())
-
-
 def _is_convnet(model: nn.Module) -> bool:
     """Whether ``model`` convolves (and so gains from channels_last and
     ``cudnn.benchmark``): a ``Conv2d`` whose kernel is not its stride. A ViT's
@@ -267,27 +161,6 @@ def _is_convnet(model: nn.Module) -> bool:
         isinstance(m, nn.Conv2d) and tuple(m.kernel_size) != tuple(m.stride)
         for m in model.modules()
     )
-
-
-def _fused(optimizer: torch.optim.Optimizer, device: torch.device) -> torch.optim.Optimizer:
-    """``optimizer`` rebuilt with ``fused=True`` on CUDA, where torch has fused
-    SGD, Adam and AdamW kernels (one launch for all parameters, no host-side
-    step counter). Left as it is on the CPU (torch's fused CPU kernels would
-    change today's numbers), for other optimizers, and once it has state.
-    :func:`osfl.fl.optim.build_optimizer` builds one parameter group from
-    ``defaults``, so the rebuild is that optimizer with one option more
-    (``optim.py`` could take a ``fused`` flag instead; it is not this
-    module's file)."""
-    fusable = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
-    if device.type != "cuda" or type(optimizer) not in fusable or len(optimizer.param_groups) != 1:
-        return optimizer
-    if optimizer.state:  # already stepped: keep its state
-        return optimizer
-    accepted = inspect.signature(type(optimizer).__init__).parameters
-    # defaults may hold more than the constructor takes (AdamW's decoupled_weight_decay)
-    defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}
-    defaults.update(fused=True, foreach=None)
-    return type(optimizer)(optimizer.param_groups[0]["params"], **defaults)
 
 
 def _autocast_dtype(device: torch.device) -> torch.dtype:
@@ -309,7 +182,7 @@ class _Stepper:
         loss_fn: LossFn | None,
     ):
         self.model, self.cfg, self.terms, self.loss_fn = model, cfg, terms, loss_fn
-        self.optimizer = _fused(build_optimizer(model.parameters(), cfg), device)
+        self.optimizer = fused(build_optimizer(model.parameters(), cfg), device)
         # the forward the loss runs: compiled on CUDA when train.compile asks
         # (the model itself stays as it is, for hooks, terms and state dicts)
         self.forward_model: nn.Module = (
@@ -374,45 +247,6 @@ class _Stepper:
         return loss.detach(), None if logits is None else logits.detach()
 
 
-class _DeviceLoader(BatchIterator):
-    """The loader of the device path: the permutations drawn as the plain
-    loader draws them (from the run's CPU generator), sent to the device
-    without blocking (from pinned memory on CUDA), so an epoch's first step
-    does not wait for the GPU."""
-
-    def _order(self) -> torch.Tensor:
-        g = self.generator
-        if not self.shuffle or g is None or g.device.type != "cpu" or self.device.type == "cpu":
-            return super()._order()
-        perm = torch.randperm(self.num_samples, generator=g)
-        if self.device.type == "cuda":
-            perm = perm.pin_memory()
-        return perm.to(self.device, non_blocking=True)
-
-
-def _loader(
-    data: ImageSet, cfg: TrainConfig, generator: torch.Generator, device: torch.device
-) -> BatchIterator:
-    if len(data) == 0:
-        raise DataError("cannot train on an empty client data set")
-    cls = _DeviceLoader if device_path(device) else BatchIterator
-    loader = cls(
-        data.images,
-        data.labels,
-        cfg.batch_size,
-        shuffle=True,
-        drop_last=cfg.drop_last,
-        generator=generator,
-        device=device,
-    )
-    if len(loader) == 0:
-        raise DataError(
-            f"client has {len(data)} samples, fewer than batch_size={cfg.batch_size} with "
-            "drop_last=True: lower batch_size or set drop_last=false"
-        )
-    return loader
-
-
 def train_local(
     model: nn.Module,
     data: ImageSet,
@@ -443,7 +277,7 @@ def train_local(
     """
     device = torch.device(device)
     generator = generator if generator is not None else torch.Generator().manual_seed(0)
-    loader = _loader(data, cfg, generator, device)
+    loader = client_loader(data, cfg.batch_size, cfg.drop_last, generator, device)
     aug_generator = augmentation_generator(generator, device)
     total = cfg.total_steps(len(data))
     model.to(device).train()
@@ -455,15 +289,8 @@ def train_local(
         torch.backends.cudnn.benchmark = True
     stepper = _Stepper(model, cfg, total, device, terms, loss_fn)
     tap = _STEP_LABELS.get()
-    per_epoch = min(len(loader), total)
-    loss_sum = torch.zeros((), device=device)
-    first = torch.zeros((), device=device)  # loss summed over the first epoch's steps
-    final = torch.zeros((), device=device)  # ... over the last epoch's
-    correct = torch.zeros((), dtype=torch.int64, device=device)  # last epoch, CE only
-    seen = 0
-    num_classes: int | None = None
-    last = loss_sum
-    step = samples = 0
+    tally = StepTally(total, min(len(loader), total), device)
+    step = 0
     start = time.perf_counter()
     with _LossBar(progress, description, total, device) as bar:
         while step < total:
@@ -472,16 +299,7 @@ def train_local(
                 if channels_last and x.ndim == 4:
                     x = x.contiguous(memory_format=torch.channels_last)
                 last, logits = stepper(x, yb)
-                loss_sum += last
-                if step < per_epoch:
-                    first += last
-                if step >= total - per_epoch:
-                    final += last
-                    if logits is not None:
-                        correct += (logits.argmax(dim=1) == yb).sum()
-                        seen += yb.shape[0]
-                        num_classes = logits.shape[-1]
-                samples += yb.shape[0]
+                tally.add(step, last, logits, yb)
                 if on_batch is not None:
                     on_batch(step, x, yb)
                 if tap is not None:
@@ -492,33 +310,11 @@ def train_local(
                     break
     if channels_last:  # state dicts leave in the usual layout (serialisers want it)
         model.to(memory_format=torch.contiguous_format)
-    epochs = step / len(loader)
-    # one read of the five device sums (one wait for a GPU, not five); float64
-    # holds each float32 sum and int64 count exactly, so the numbers are those
-    # of reading them one by one
-    sums = torch.stack([t.double() for t in (first, final, correct, loss_sum, last)])
-    first_sum, final_sum, n_correct, total_loss, last_loss = sums.tolist()
-    first_loss, final_loss = first_sum / per_epoch, final_sum / per_epoch
-    train_accuracy = n_correct / seen if seen else None
-    warnings = training_health(
-        first_loss, final_loss, train_accuracy, epochs, num_classes=num_classes
-    )
-    for w in warnings:
+    stats = tally.stats(step, step / len(loader), time.perf_counter() - start)
+    for w in stats.warnings:
         log.warning("%s: %s", description, w)
-    report_training_warnings(warnings)
-    return TrainStats(
-        steps=step,
-        samples=samples,
-        epochs=epochs,
-        mean_loss=total_loss / max(step, 1),
-        last_loss=last_loss,
-        seconds=time.perf_counter() - start,
-        first_loss=first_loss,
-        final_loss=final_loss,
-        train_accuracy=train_accuracy,
-        warnings=warnings,
-        num_classes=num_classes,
-    )
+    report_training_warnings(stats.warnings)
+    return stats
 
 
 class _LossBar:

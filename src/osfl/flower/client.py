@@ -21,11 +21,11 @@ Four handlers:
 - ``evaluate.osfl_evaluate`` (real sites without a server test set): scores
   the method's released final state on this site's own test set and replies
   with counts (:class:`~osfl.fl.runtime.sites.SiteScore`).
-- ``evaluate.osfl_own_model`` (a method whose clients keep their own models,
-  :class:`~osfl.fl.method.OwnModels`): builds this client's own model from
-  the broadcast and its ``Context.state`` and replies with the job's
-  evaluator's metrics of it (:func:`~osfl.fl.runtime.client.score_own_model`,
-  the simulation's very call).
+- ``evaluate.osfl_own_model``: hands the broadcast and this client's
+  ``Context.state`` (which never leaves the node) to the evaluation of
+  clients' own models (:func:`~osfl.fl.own_models.score_client_predictor`,
+  the simulation's very call) and replies with its metrics; the node only
+  carries them.
 
 At a real site (run config ``sites = true``) the node builds its job from its
 own data (node config ``data``); with node config ``state-dir`` it also keeps
@@ -44,8 +44,9 @@ from flwr.app import Context, Error, Message
 from flwr.clientapp import ClientApp
 
 from osfl.errors import ConfigError, OsflError, UploadError
+from osfl.fl.own_models import score_client_predictor
 from osfl.fl.runtime.base import Job
-from osfl.fl.runtime.client import run_client, score_own_model
+from osfl.fl.runtime.client import run_client
 from osfl.fl.runtime.sites import SiteData, score_at_site
 from osfl.fl.state_codec import state_from_bytes
 from osfl.flower.records import (
@@ -173,9 +174,9 @@ def make_client_app(builder: JobBuilder, spec: JobSpec | None = None) -> ClientA
         score = score_at_site(predictor, job.clients.test, job.run.eval_transform, job.run.device)
         return Message(score_record(pid, digest, score.as_meta()), reply_to=msg)
 
-    def own_model(msg: Message, context: Context) -> Message:
+    def score_at_node(msg: Message, context: Context) -> Message:
         pid, env, job, digest = checked(msg, context)
-        score = score_own_model(
+        score = score_client_predictor(
             job.method,
             job.evaluator,
             client=pid,
@@ -187,7 +188,7 @@ def make_client_app(builder: JobBuilder, spec: JobSpec | None = None) -> ClientA
     app.query(MSG_WHOAMI.partition(".")[2])(_guarded(whoami))
     app.train(MSG_TRAIN.partition(".")[2])(_guarded(update))
     app.evaluate(MSG_EVALUATE.partition(".")[2])(_guarded(evaluate))
-    app.evaluate(MSG_OWN_MODEL.partition(".")[2])(_guarded(own_model))
+    app.evaluate(MSG_OWN_MODEL.partition(".")[2])(_guarded(score_at_node))
     return app
 
 

@@ -84,7 +84,8 @@ def check_shippable(app: ClientApp, dumps: Callable[[Any], bytes] | None = None)
     """Pickle ``app`` as Ray does before any actor starts; returns its size in
     bytes. ``dumps`` defaults to Ray's own cloudpickle."""
     if dumps is None:
-        from ray import cloudpickle  # what Ray ships every actor call's arguments with
+        # optional: ray (flwr[simulation]); cloudpickle is what Ray ships every actor call with
+        from ray import cloudpickle
 
         dumps = cloudpickle.dumps
     try:
@@ -127,7 +128,7 @@ class FlowerEngineRuntime:
         self.verbose = verbose
 
     def execute(self, job: Job, *, observers: Sequence[Observer] = ()) -> RunResult:
-        from flwr.simulation import run_simulation
+        from flwr.simulation import run_simulation  # optional: flwr[simulation] (Ray)
 
         results: list[RunResult] = []
 

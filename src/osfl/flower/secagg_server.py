@@ -16,8 +16,9 @@ How osfl drives Flower 1.41's workflow
 ``SecAggPlusWorkflow`` runs its four stages over any ``flwr.serverapp.Grid``
 (osfl's loopback Grid included) but wants a ``LegacyContext`` whose
 ``Strategy`` hands out each node's ``FitIns`` (workflow line 286) and
-receives the unmasked result (line 665). :class:`SecAggPlusTransport` gives it
-a one-round strategy whose FitIns carry osfl's broadcast and envelope
+receives the unmasked result (line 665), the only two strategy calls it makes.
+:class:`SecAggPlusTransport` gives it a one-round stand-in with just those two
+(no legacy Strategy with callbacks never called), whose FitIns carry osfl's broadcast and envelope
 (:class:`~osfl.fl.secagg_config.SecureKey`), and keeps the result: the
 weighted *mean* ``sum_i n_i w_i / sum_i n_i`` (lines 640-650), ``n_i`` the
 clients' weights. It is the shared round loop's transport
@@ -28,24 +29,22 @@ loop hands to the method's ``aggregate_mean``
 
 The server can still check each reply's *form* (every stage's keys and types,
 the masked arrays' shapes, a digest of the summed layout) and the clear-text
-weight (Flower sends ``num_examples`` unmasked) against the bound it knows;
-it cannot validate or screen values (``docs/secure-aggregation.md``).
+weight (Flower sends ``num_examples`` unmasked) against the bound it knows
+(:mod:`osfl.flower.secagg_replies`); it cannot validate or screen values
+(``docs/secure-aggregation.md``).
 """
 
 from __future__ import annotations
 
 import logging
-import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, RecordDict
-from flwr.common import EvaluateIns, EvaluateRes, FitIns, FitRes, Parameters, Scalar
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
-from flwr.compat.common import recorddict_compat as compat
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.common import FitIns, FitRes, Parameters, Scalar
 from flwr.compat.common.parameter import bytes_to_ndarray
 from flwr.server.client_manager import ClientManager, SimpleClientManager
 from flwr.server.client_proxy import ClientProxy
@@ -56,10 +55,7 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp import Grid
-from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
-from flwr.supercore.run import Run
 
-from osfl import jsonio
 from osfl.errors import ConfigError, UploadError
 from osfl.fl.method import secure_weighting_of
 from osfl.fl.observers import Observer
@@ -75,14 +71,13 @@ from osfl.fl.secagg_config import (
     QuantizationPlan,
     SecAggPlusConfig,
     SecureKey,
-    layout_digest,
     layout_of,
     plan_round,
     secure_refusal,
 )
 from osfl.fl.upload import Upload
-from osfl.flower.client import ERROR_CLIENT_FAILED
 from osfl.flower.grid import FlowerGridRuntime, GridTransport, RemoteNodes, discover_clients
+from osfl.flower.secagg_replies import ProtocolGrid, vector_problem
 
 __all__ = [
     "SecAggPlusTransport",
@@ -90,20 +85,13 @@ __all__ = [
     "SecureRound",
     "execute_secure",
     "grid_runtime",
-    "message_nbytes",
     "secure_checkpoint_digest",
-    "vector_problem",
 ]
 
 log = logging.getLogger(__name__)
 
 #: Why a sampled client without a SuperNode is out of the round (as the plain transport says).
 NO_NODE = "no SuperNode connected"
-
-
-def message_nbytes(message: Message) -> int:
-    """``message``'s bytes as Flower puts it on the wire (its deflated objects)."""
-    return sum(len(o.deflate()) for o in get_all_nested_objects(message).values())
 
 
 @dataclass
@@ -133,17 +121,17 @@ class SecureRound:
 
 
 # --------------------------------------------------------------------------- Flower's side
-class _OneRound(Strategy):
-    """The legacy Strategy the workflow needs: it hands out osfl's FitIns and
-    keeps the contributors' FitRes, whose parameters Flower replaced with the
-    unmasked mean (workflow lines 653-656)."""
+class _OneRound:
+    """What the workflow reads of its ``LegacyContext.strategy``: exactly two
+    calls, ``configure_fit`` (workflow line 286), which hands out osfl's
+    FitIns, and ``aggregate_fit`` (line 665), which keeps the contributors'
+    FitRes, whose parameters Flower replaced with the unmasked mean (lines
+    653-656). Not a Flower ``Strategy``: its other callbacks (evaluation,
+    initial parameters) are never called by the workflow, so none is kept."""
 
     def __init__(self, instructions: list[tuple[ClientProxy, FitIns]]):
         self.instructions = instructions
         self.results: list[tuple[ClientProxy, FitRes]] = []
-
-    def initialize_parameters(self, client_manager: ClientManager) -> Parameters | None:
-        return None
 
     def configure_fit(
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
@@ -158,156 +146,6 @@ class _OneRound(Strategy):
     ) -> tuple[Parameters | None, dict[str, Scalar]]:
         self.results = list(results)
         return None, {}  # osfl's method aggregates, not a Flower strategy
-
-    def configure_evaluate(
-        self, server_round: int, parameters: Parameters, client_manager: ClientManager
-    ) -> list[tuple[ClientProxy, EvaluateIns]]:
-        return []
-
-    def aggregate_evaluate(
-        self,
-        server_round: int,
-        results: list[tuple[ClientProxy, EvaluateRes]],
-        failures: list[tuple[ClientProxy, EvaluateRes] | BaseException],
-    ) -> tuple[float | None, dict[str, Scalar]]:
-        return None, {}
-
-    def evaluate(
-        self, server_round: int, parameters: Parameters
-    ) -> tuple[float, dict[str, Scalar]] | None:
-        return None
-
-
-def _list_of(value: Any, kind: type) -> bool:
-    return isinstance(value, list) and all(type(v) is kind for v in value)
-
-
-class _ProtocolGrid(Grid):
-    """The ServerApp's Grid as the workflow sees it: each reply is checked for
-    the form its stage needs before Flower reads it (a malformed one becomes an
-    error reply, i.e. a dropout, never a server crash) and every message is
-    counted. The workflow only calls ``send_and_receive``."""
-
-    def __init__(self, grid: Grid, clients: Mapping[int, int], check_vector: Any, timeout: float):
-        self.grid, self.clients, self.check_vector = grid, dict(clients), check_vector
-        self.timeout = timeout
-        self.dropped: dict[int, str] = {}
-        self.bytes_up = dict.fromkeys(self.clients.values(), 0)
-        self.bytes_down = dict.fromkeys(self.clients.values(), 0)
-
-    def set_run(self, run: Run) -> None:
-        self.grid.set_run(run)
-
-    @property
-    def run(self) -> Run:
-        return self.grid.run
-
-    def create_message(
-        self,
-        content: RecordDict,
-        message_type: str,
-        dst_node_id: int,
-        group_id: str,
-        ttl: float | None = None,
-    ) -> Message:
-        return self.grid.create_message(content, message_type, dst_node_id, group_id, ttl)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return self.grid.get_node_ids()
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        raise NotImplementedError("the SecAgg+ workflow only calls send_and_receive")
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        raise NotImplementedError("the SecAgg+ workflow only calls send_and_receive")
-
-    def send_and_receive(
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> Iterable[Message]:
-        batch = {m.metadata.dst_node_id: m for m in messages}
-        if not batch:
-            return []
-        first = next(iter(batch.values()))
-        stage = str(first.content.config_records[RECORD_KEY_CONFIGS][Key.STAGE])
-        for node, m in batch.items():
-            self.bytes_down[self.clients[node]] += message_nbytes(m)
-        out = []
-        for reply in self.grid.send_and_receive(list(batch.values()), timeout=timeout):
-            node = reply.metadata.src_node_id
-            if node not in batch:
-                continue
-            client = self.clients[node]
-            self.bytes_up[client] += message_nbytes(reply)
-            why = reply.error.reason if reply.has_error() else self.problem(stage, reply, client)
-            if why is not None:
-                self.dropped.setdefault(client, f"SecAgg+ stage {stage!r}: {why}")
-                log.warning("SecAgg+: client %d dropped at stage %s: %s", client, stage, why)
-                reply = Message(Error(ERROR_CLIENT_FAILED, why), reply_to=batch[node])
-            out.append(reply)
-        for node in batch.keys() - {r.metadata.src_node_id for r in out}:
-            why = f"SecAgg+ stage {stage!r}: no reply within {self.timeout:.0f} s"
-            self.dropped.setdefault(self.clients[node], why)
-        return out
-
-    def problem(self, stage: str, reply: Message, client: int) -> str | None:
-        """Why ``reply`` lacks the form the workflow reads in ``stage``."""
-        rec = reply.content.config_records.get(RECORD_KEY_CONFIGS)
-        if rec is None:
-            return f"the reply lacks the {RECORD_KEY_CONFIGS!r} record"
-        if stage == Stage.SETUP:
-            keys = (rec.get(Key.PUBLIC_KEY_1), rec.get(Key.PUBLIC_KEY_2))
-            return None if all(isinstance(k, bytes) for k in keys) else "no public keys"
-        pairs = {
-            Stage.SHARE_KEYS: (Key.DESTINATION_LIST, Key.CIPHERTEXT_LIST),
-            Stage.UNMASK: (Key.NODE_ID_LIST, Key.SHARE_LIST),
-        }
-        if stage in pairs:
-            nodes, blobs = (rec.get(k) for k in pairs[stage])
-            ok = _list_of(nodes, int) and _list_of(blobs, bytes) and len(nodes) == len(blobs)
-            return None if ok and set(nodes) <= set(self.clients) else "malformed key shares"
-        return self.check_vector(reply, client)
-
-
-def vector_problem(
-    reply: Message, client: int, round: int, job: str, layout: Layout, max_count: int
-) -> tuple[str | None, int, tuple[str, ...]]:
-    """``(why, weight, notes)`` of a masked-vector reply, checked before
-    Flower sums it: its clear-text envelope (round, client, job, layout
-    digest), its weight against what the server accepts, no array left in
-    clear, one masked integer array per tensor (plus the weight) of the
-    layout's shape."""
-    try:
-        res = compat.recorddict_to_fitres(reply.content, keep_input=True)
-    except (KeyError, TypeError) as e:
-        return f"not a FitRes reply ({e})", 0, ()
-    m = res.metrics
-    got = (m.get(SecureKey.CLIENT), m.get(SecureKey.ROUND), m.get(SecureKey.JOB))
-    if got != (client, round, job):
-        return f"reply is for client/round/job {got}, not {(client, round, job)}", 0, ()
-    if m.get(SecureKey.LAYOUT) != layout_digest(layout):
-        return "its tensors are not the round's upload spec (layout digest)", 0, ()
-    n = res.num_examples
-    if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= max_count:
-        return f"weight (num_examples) {n!r} lies outside [1, {max_count}]", 0, ()
-    if any(len(r) for r in reply.content.array_records.values()):
-        return "the reply carries arrays in clear", 0, ()
-    masked = reply.content.config_records[RECORD_KEY_CONFIGS].get(Key.MASKED_PARAMETERS)
-    shapes = [(1,), *((math.prod(shape),) for shape, _ in layout.values())]  # flat
-    if not _list_of(masked, bytes) or len(masked) != len(shapes):
-        return f"expected {len(shapes)} masked arrays", 0, ()
-    for raw, shape in zip(masked, shapes, strict=True):
-        try:
-            a = bytes_to_ndarray(raw)  # np.load(allow_pickle=False)
-        except ValueError as e:
-            return f"a masked array does not parse: {e}", 0, ()
-        if tuple(a.shape) != shape or a.dtype.kind not in "iu":
-            return f"a masked array is {a.dtype}{a.shape}, expected integers of {shape}", 0, ()
-    try:
-        raw_notes = jsonio.loads(str(m.get(SecureKey.NOTES, "[]")), max_depth=2, max_chars=12_000)
-        notes = tuple(str(x)[:500] for x in raw_notes)[:20]
-    except (ValueError, TypeError):
-        notes = ()
-    return None, n, notes
 
 
 # --------------------------------------------------------------------------- the transport
@@ -430,7 +268,7 @@ class SecAggPlusTransport(RemoteNodes):
                 seen[client] = (n, notes)
             return why
 
-        grid = _ProtocolGrid(self.grid, node_to_client, check_vector, self.timeout)
+        grid = ProtocolGrid(self.grid, node_to_client, check_vector, self.timeout)
         strategy = self.run_workflow(grid, round, reachable, payload, plan)
         if not strategy.results:
             why = {**unreachable, **grid.dropped}
@@ -462,7 +300,7 @@ class SecAggPlusTransport(RemoteNodes):
 
     def run_workflow(
         self,
-        grid: _ProtocolGrid,
+        grid: ProtocolGrid,
         round: int,
         clients: Sequence[int],
         payload: bytes,
@@ -492,7 +330,9 @@ class SecAggPlusTransport(RemoteNodes):
             modulus_range=2**MODULUS_BITS,
             timeout=self.timeout,
         )
-        workflow(grid, LegacyContext(context, strategy=strategy, client_manager=known))
+        # the workflow calls only the two methods _OneRound has (see its docstring)
+        legacy = LegacyContext(context, strategy=cast(Strategy, strategy), client_manager=known)
+        workflow(grid, legacy)
         return strategy
 
     def fitins(self, round: int, client: int, payload: bytes, plan: QuantizationPlan) -> FitIns:

@@ -197,6 +197,7 @@ class FedCGS(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting):
     """Server state: ``{"encoder", "weight", "bias", "clients": {id: {bytes, num_samples}}}``."""
 
     Config: ClassVar[type] = FedCGSConfig
+    trains_with_recipe: ClassVar[bool] = False  # closed form: nothing trains by gradient
     card: ClassVar[MethodCard] = dataclasses.replace(
         FrozenEncoderMethod.card,
         summary=(

@@ -122,7 +122,7 @@ def fit_class_gmm(
         return np.concatenate([[1.0], features[0], single_variance])[None]
     # heavy: scikit-learn (~1 s; only FedPFT's client fit needs it)
     from sklearn.exceptions import ConvergenceWarning
-    from sklearn.mixture import GaussianMixture
+    from sklearn.mixture import GaussianMixture  # heavy: scikit-learn
 
     gmm = GaussianMixture(
         n_components=min(k, n),
@@ -192,6 +192,7 @@ class FedPFT(FrozenEncoderMethod, SiteEvaluation, Reporting):
     classes_sent}}, "gflops_per_sample"}``."""
 
     Config: ClassVar[type] = FedPFTConfig
+    trains_with_recipe: ClassVar[bool] = False  # its own fit: server_fit
     card: ClassVar[MethodCard] = dataclasses.replace(
         FrozenEncoderMethod.card,
         summary=(

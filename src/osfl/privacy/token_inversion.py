@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
@@ -349,10 +349,8 @@ def run_reconstruction_attack(
     """Run the registered reconstruction attack ``name`` on ``observation``
     with the method's (or a hand-made) token ``source`` (``**options``: its
     config fields; unknown names or options are a ConfigError)."""
-    import dataclasses
-
     cls = RECONSTRUCTION_ATTACKS.get(name)
-    valid = {f.name for f in dataclasses.fields(cls.Config)}
+    valid = {f.name for f in fields(cls.Config)}
     unknown = sorted(set(options) - valid)
     if unknown:
         raise ConfigError(

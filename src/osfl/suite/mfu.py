@@ -57,10 +57,10 @@ def _parser() -> argparse.ArgumentParser:
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     # heavy: torch and the models
     import torch
-    from torch.utils.flop_counter import FlopCounterMode
+    from torch.utils.flop_counter import FlopCounterMode  # heavy: torch
 
-    from osfl.fl.provenance import compute_environment
-    from osfl.models import create_model
+    from osfl.fl.provenance import compute_environment  # heavy: torch
+    from osfl.models import create_model  # heavy: torch
 
     device = torch.device(args.device)
     kwargs = {} if args.img_size is None else {"img_size": args.img_size}

@@ -57,7 +57,7 @@ def _train_rate(name: str, size: int, batch: int, steps: int, device: Any,
     # heavy: torch and the models
     import torch
 
-    from osfl.models import create_model
+    from osfl.models import create_model  # heavy: torch
 
     cuda = device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -87,8 +87,8 @@ def _train_rate(name: str, size: int, batch: int, steps: int, device: Any,
 
 def _jpegs(n: int) -> list[bytes]:
     """``n`` 32-px JPEG files of random pixels (CIFAR-10's pack holds such files)."""
-    import numpy as np
-    from PIL import Image
+    import numpy as np  # heavy: numpy
+    from PIL import Image  # heavy: Pillow
 
     rng = np.random.default_rng(0)
     out = []
@@ -101,7 +101,7 @@ def _jpegs(n: int) -> list[bytes]:
 
 def _image_rates(n: int, size: int) -> tuple[float, float]:
     """(decodes/s, resizes/s to ``size`` px) of 32-px JPEGs with Pillow, one process."""
-    from PIL import Image
+    from PIL import Image  # heavy: Pillow
 
     files = _jpegs(n)
     t0 = time.perf_counter()
@@ -120,7 +120,7 @@ def measure_rates(*, tiny: bool = False, device: str | None = None) -> dict[str,
     rates price only the catalogue's tiny commands. Returns the rates with
     ``machine`` (the GPU's name or ``cpu``, for the record only) and the
     measurement's own seconds."""
-    import torch
+    import torch  # heavy: torch
 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if not tiny and dev.type != "cuda":

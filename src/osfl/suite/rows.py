@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from osfl.record import RunRecord
 from osfl.suite.bundle import read_json
 from osfl.suite.plan import Planned
 from osfl.suite.steps import ENCODER, Step, command_text
@@ -46,23 +47,30 @@ def step_rows(step: Step, out: Path, argv: Sequence[str], *, dry_run: bool) -> l
     if step.kind == "script":
         return _script_rows(step, out, common)
     # heavy: torch (osfl.report), only once a step has finished
-    from osfl.report import mean_std_text
+    from osfl.report import mean_std_text, read_metrics
 
-    records = json.loads((out / "metrics.json").read_text())["records"]
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    records = read_metrics(out / "metrics.json")["records"]
+    groups: dict[tuple[str, str], list[RunRecord]] = {}
     for r in records:
-        if r.get("global_test_accuracy") is None:  # train_clients: clients cached, no accuracy
+        if r.ranked_accuracy is None:  # train_clients: clients cached, no accuracy
             continue
-        groups.setdefault((r["method"], r.get("point", "")), []).append(r)
+        groups.setdefault((r.method, r.point), []).append(r)
     rows = []
     for (method, point), recs in groups.items():
-        recs.sort(key=lambda r: r["seed"])
-        accs = [100 * r["global_test_accuracy"] for r in recs]
-        rows.append({**common, "method": method, "setting": point, "paper": step.paper.get(method),
+        recs.sort(key=lambda r: r.seed)
+        accs = [100 * r.ranked_accuracy for r in recs]  # type: ignore[operator]
+        # the server predictor's accuracy; a method without one: its clients' own models' mean
+        label = method + (CLIENTS_MEAN_LABEL if recs[0].accuracy_is_clients_mean else "")
+        rows.append({**common, "method": label, "setting": point, "paper": step.paper.get(method),
                      "ours": statistics.mean(accs), "ours_text": mean_std_text(accs),
-                     "seeds": [r["seed"] for r in recs], "per_seed": accs,
+                     "seeds": [r.seed for r in recs], "per_seed": accs,
                      "provenance": recs[0].get("provenance", {})})  # fmt: skip
     return rows
+
+
+#: What a row's method says when its accuracy is the clients' own models' mean
+#: (no server predictor, e.g. ``local``), not a server predictor's.
+CLIENTS_MEAN_LABEL = " (mean of the clients' own models)"
 
 
 def _script_rows(step: Step, out: Path, common: dict[str, Any]) -> list[dict[str, Any]]:

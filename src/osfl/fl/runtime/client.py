@@ -9,15 +9,14 @@ same seed, same data, same state in, same upload bytes out.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from osfl.errors import ConfigError, UploadError
+from osfl.errors import UploadError
 from osfl.fl.context import ClientContext, ClientState
-from osfl.fl.method import Method, OwnModels, capability, keeps_client_state, rounds_of
+from osfl.fl.method import Method, keeps_client_state, rounds_of
 from osfl.fl.seeds import derive_seed
 from osfl.fl.training import collect_training_warnings, record_step_labels, training_scope
 from osfl.fl.upload import Broadcast
@@ -106,26 +105,3 @@ def run_client(
     return ClientTurn(
         upload=upload, state=new_state, step_labels=labels, warnings=tuple(dict.fromkeys(warnings))
     )
-
-
-def score_own_model(
-    method: Method,
-    evaluator: Callable[[Any], Mapping[str, Any]] | None,
-    *,
-    client: int,
-    payload: bytes,
-    state: bytes | None = None,
-) -> dict[str, Any]:
-    """A client's score of its own model (:class:`~osfl.fl.method.OwnModels`):
-    the model ``client_predictor`` builds from the broadcast ``payload`` and the
-    client's ``state`` (``None``: never sampled, an empty state), scored by
-    ``evaluator`` (the job's). The simulation and the osfl ClientApp both call
-    this, so a client scores the same model with the same numbers under both."""
-    own = capability(method, OwnModels)
-    if own is None:
-        raise ConfigError(f"{method.name} has no per-client models to score")
-    if evaluator is None:
-        raise ConfigError(f"client {client} has no test set to score its own model on")
-    broadcast = Broadcast.from_bytes(payload, client=client)
-    kept = ClientState.from_bytes(state, client=client) if state else ClientState()
-    return dict(evaluator(own.client_predictor(broadcast, kept)))

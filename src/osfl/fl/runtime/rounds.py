@@ -24,7 +24,8 @@ recorded with its reason and bytes, and dropped); a summing transport (SecAgg+,
 which a method that declares :class:`~osfl.fl.method.SecureAggregation`
 aggregates. Either way the loop gets a :class:`RoundUploads`, and the rest of
 the round — the ``server.min_clients`` check, aggregation, byte accounting,
-the round's record, checkpoints, evaluation — is written once. Observers
+the round's record, checkpoints, evaluation (:mod:`osfl.fl.runtime.evaluation`,
+whose payloads the transport carries too) — is written once. Observers
 (privacy recorders, checkpoints, events) see every message through one fan-out.
 """
 
@@ -44,25 +45,17 @@ import torch
 
 from osfl.errors import ConfigError, UploadError
 from osfl.fl.context import ClientState
-from osfl.fl.evaluate import merge_client_models
-from osfl.fl.method import (
-    OwnModels,
-    Screening,
-    SecureAggregation,
-    capability,
-    release_for_sites,
-    rounds_of,
-    sample_clients,
-)
+from osfl.fl.method import Screening, SecureAggregation, capability, rounds_of, sample_clients
 from osfl.fl.observers import ByteCounter, Observer, Observers
+from osfl.fl.own_models import ClientScores
 from osfl.fl.progress import ProgressTask
 from osfl.fl.runtime.base import Job, RoundRecord, RunResult
 from osfl.fl.runtime.checkpoint import PendingUpload, Resume, RoundCheckpoints
 from osfl.fl.runtime.client import ClientTurn
+from osfl.fl.runtime.evaluation import RoundEvaluation, Scoring
 from osfl.fl.runtime.identity import job_digest
-from osfl.fl.runtime.sites import SiteScore, merge_site_scores
+from osfl.fl.runtime.sites import SiteScore
 from osfl.fl.seeds import derive_seed
-from osfl.fl.state_codec import state_to_bytes
 from osfl.fl.upload import Broadcast, Upload, UploadSpec, receive, size_limit
 
 log = logging.getLogger(__name__)
@@ -88,9 +81,10 @@ class RoundUploads:
     server_s: float = 0.0
 
 
-class Transport(Protocol):
+class Transport(Scoring, Protocol):
     """Delivers one round's broadcast to its clients and brings back what the
-    server may hold of their uploads."""
+    server may hold of their uploads; carries the evaluation's payloads to the
+    clients (:class:`~osfl.fl.runtime.evaluation.Scoring`)."""
 
     #: Tags the checkpoints of its rounds ("" for individual uploads), so that a
     #: run is never resumed under another transport's guarantees.
@@ -110,22 +104,6 @@ class Transport(Protocol):
     def restore(self, states: Mapping[int, bytes]) -> None:
         """Give in-process clients back their states (a resumed run); clients
         in other processes keep their own, and ignore this."""
-        ...
-
-    def evaluate(
-        self, payload: bytes, clients: list[int]
-    ) -> tuple[dict[int, SiteScore], dict[int, str]]:
-        """Have ``clients`` score the released final state (``payload``) on
-        their own test sets: ``(scores, failures)`` by client."""
-        ...
-
-    def score_client_models(
-        self, payload: bytes, clients: list[int]
-    ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
-        """Have ``clients`` score their own models (:class:`~osfl.fl.method.OwnModels`)
-        built from the broadcast ``payload`` and their states, with the job's
-        evaluator (:func:`~osfl.fl.runtime.client.score_own_model`):
-        ``(metrics, failures)`` by client."""
         ...
 
 
@@ -156,9 +134,7 @@ class ClientTransport(ABC):
     ) -> tuple[dict[int, SiteScore], dict[int, str]]: ...
 
     @abstractmethod
-    def score_client_models(
-        self, payload: bytes, clients: list[int]
-    ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]: ...
+    def score_client_models(self, payload: bytes, clients: list[int]) -> ClientScores: ...
 
     def collect(
         self, inbox: Inbox, state: Any, round: int, clients: list[int], payload: bytes
@@ -319,84 +295,11 @@ class RoundLoop:
         self.times = {"client": 0.0, "server": 0.0, "eval": 0.0}
         self.checkpoints = RoundCheckpoints(job.state_dir) if job.state_dir is not None else None
         self.inbox = Inbox(job, self.obs, self.checkpoints)
+        self.evaluation = RoundEvaluation(job, transport, self.times)
         tag = transport.checkpoint_tag
         self.digest = job_digest(job) + (f"+{tag}" if tag else "")
 
     # --- the server side ------------------------------------------------------------
-    def evaluate(
-        self, state: Any, predictor: Any, r: int, records: Sequence[RoundRecord]
-    ) -> dict[str, Any]:
-        """The evaluator's metrics of ``predictor``, the server's after round
-        ``r``; for a method whose clients keep their own models, those of the
-        clients' models with the server predictor's beside them
-        (:meth:`score_client_models`)."""
-        evaluator = self.job.evaluator
-        if evaluator is None:
-            return {}
-        t = time.perf_counter()
-        out = dict(evaluator(predictor))
-        if capability(self.method, OwnModels) is not None:
-            out = self.score_client_models(state, out, r, records)
-        self.times["eval"] += time.perf_counter() - t
-        return out
-
-    def score_client_models(
-        self, state: Any, server: dict[str, Any], r: int, records: Sequence[RoundRecord]
-    ) -> dict[str, Any]:
-        """Every client scores its own model under the broadcast of the round
-        after ``r`` (what it would receive next); merged with the server
-        predictor's metrics ``server`` (:func:`~osfl.fl.evaluate.merge_client_models`).
-        ``clients_not_sampled``: the clients no round up to ``r`` asked, whose
-        state is still empty (for EFTViT: the pretrained local module)."""
-        clients = list(range(self.job.num_clients))
-        payload = self.method.broadcast(state, r + 1).to_bytes()
-        scores, failures = self.transport.score_client_models(payload, clients)
-        for c, why in failures.items():
-            log.warning("client %d did not score its own model: %s", c, why)
-        if not scores:  # e.g. real sites, whose nodes hold no test set of the server's
-            return {
-                **server,
-                "server_accuracy": server["global_test_accuracy"],
-                "warnings": [
-                    *server.get("warnings", []),
-                    "no client scored its own model, so the accuracy is the server "
-                    f"predictor's ({next(iter(failures.values()), 'no client')})",
-                ],
-            }
-        out = merge_client_models(server, scores, len(clients))
-        asked = {c for rec in records for c in rec.clients}
-        out["clients_not_sampled"] = [c for c in clients if c not in asked]
-        if failures:
-            out["warnings"] = [
-                *out.get("warnings", []),
-                *(f"client {c} did not score its own model: {why}" for c, why in failures.items()),
-            ]
-        return out
-
-    def evaluate_at_sites(self, state: Any) -> dict[str, Any]:
-        """The sites score the method's released final state on their own test
-        sets; the server adds up their counts (it holds no test set)."""
-        t = time.perf_counter()
-        payload = state_to_bytes(release_for_sites(self.method, state))
-        clients = list(range(self.job.num_clients))
-        scores, failures = self.transport.evaluate(payload, clients)
-        for c, why in failures.items():
-            log.warning("site %d did not evaluate the final model: %s", c, why)
-        if not scores:
-            raise UploadError(f"no site evaluated the final model ({'; '.join(failures.values())})")
-        out = merge_site_scores(scores, self.job.run.num_classes)
-        out["bytes_down_evaluation"] = len(payload) * len(clients)
-        out["warnings"] = [
-            *out.get("warnings", []),
-            *(f"site {c} did not evaluate the final model: {why}" for c, why in failures.items()),
-        ]
-        if capability(self.method, OwnModels) is not None:
-            out["warnings"].append(
-                "the sites scored the server's released model only, not their own models"
-            )
-        self.times["eval"] += time.perf_counter() - t
-        return out
-
     def require_enough(self, got: RoundUploads, r: int, asked: int) -> None:
         """Stop the run when fewer than ``server.min_clients`` uploads are usable."""
         need = self.job.run.server.min_clients
@@ -520,9 +423,9 @@ class RoundLoop:
                 state, record = self.one_round(state, r)
                 records.append(record)
                 if r < n_rounds - 1:
-                    every = job.eval_every
-                    if every > 0 and (r + 1) % every == 0 and job.evaluator is not None:
-                        record.metrics = self.evaluate(state, method.predictor(state), r, records)
+                    if self.evaluation.due(r):
+                        predicted = method.predictor(state)
+                        record.metrics = self.evaluation.metrics(state, predicted, r, records)
                     obs.on_round_end(r, state, record.as_dict())
                 self.save(state, r + 1, records)
                 if bar is not None:
@@ -532,9 +435,9 @@ class RoundLoop:
         predictor = method.predictor(state)
         self.times["server"] += time.perf_counter() - t
         metrics = (
-            self.evaluate_at_sites(state)
+            self.evaluation.at_sites(state)
             if job.evaluate_at_clients
-            else self.evaluate(state, predictor, n_rounds - 1, records)
+            else self.evaluation.metrics(state, predictor, n_rounds - 1, records)
         )
         records[-1].metrics = metrics
         obs.on_round_end(n_rounds - 1, state, records[-1].as_dict())

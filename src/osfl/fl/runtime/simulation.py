@@ -18,7 +18,7 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -27,9 +27,10 @@ from osfl.fl.client_training import train_clients_together
 from osfl.fl.context import ClientState
 from osfl.fl.method import SharedTrainingStep, capability, rounds_of
 from osfl.fl.observers import Observer
+from osfl.fl.own_models import ClientScores, score_kept_states
 from osfl.fl.progress import ProgressTask
 from osfl.fl.runtime.base import Evaluator, Job, PartitionedData, RunResult
-from osfl.fl.runtime.client import ClientTurn, client_context, run_client, score_own_model
+from osfl.fl.runtime.client import ClientTurn, client_context, run_client
 from osfl.fl.runtime.rounds import ClientTransport, RoundLoop
 from osfl.fl.runtime.sites import SiteScore
 from osfl.fl.training import training_scope
@@ -129,25 +130,10 @@ class InProcessClients(ClientTransport):
     def restore(self, states: Mapping[int, bytes]) -> None:
         self.states.update(states)
 
-    def score_client_models(
-        self, payload: bytes, clients: list[int]
-    ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
-        """Each client scores its own model from the state kept here; the
-        clients with no state yet have one and the same model, scored once."""
+    def score_client_models(self, payload: bytes, clients: list[int]) -> ClientScores:
+        """Each client scores its own model from the state kept here."""
         job = self.job
-        scores: dict[int, dict[str, Any]] = {}
-        fresh: dict[str, Any] | None = None
-        for c in clients:
-            state = self.states.get(c)
-            if not state and fresh is not None:
-                scores[c] = dict(fresh)
-                continue
-            scores[c] = score_own_model(
-                job.method, job.evaluator, client=c, payload=payload, state=state
-            )
-            if not state:
-                fresh = scores[c]
-        return scores, {}
+        return score_kept_states(job.method, job.evaluator, self.states, payload, clients)
 
     def evaluate(
         self, payload: bytes, clients: list[int]

@@ -35,6 +35,7 @@ from osfl.flower.grid import make_server_app
 from osfl.flower.secagg_client import add_secure_train
 from osfl.flower.secagg_server import grid_runtime
 from osfl.flower.spec import JobSpec
+from osfl.record import RunRecord
 from osfl.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ class _ResultCapture(Observer):
 
 def serve_experiment(
     grid: Grid, spec: JobSpec, *, observers: Sequence[Observer] = ()
-) -> tuple[RunResult | None, dict[str, Any], Path]:
+) -> tuple[RunResult | None, RunRecord, Path]:
     """The ServerApp side of an experiment job: run it over ``grid`` and write
     a run directory like ``osfl run`` does (``config.yaml``, ``metrics.json``,
     ``events.jsonl``, ``summary.md``, ``run.log``), saving the server state
@@ -116,11 +117,16 @@ def serve_experiment(
         "osfl Flower run: %s seed %d, accuracy %.4f, %d bytes up; written to %s",
         name,
         seed,
-        record.get("global_test_accuracy", float("nan")),
+        _nan_if_none(record.ranked_accuracy),
         record["bytes_up"],
         out,
     )
     return capture.result, record, out
+
+
+def _nan_if_none(accuracy: float | None) -> float:
+    """NaN for a record without an accuracy, for the ``%.4f`` of a log line."""
+    return float("nan") if accuracy is None else accuracy
 
 
 def _check_out_dir(out: Path, config_text: str, *, resume: bool) -> None:

@@ -31,16 +31,11 @@ See ``docs/flower-security.md``.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import math
 import os
 import re
-import shutil
 import signal
-import socket
 import subprocess
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -51,170 +46,40 @@ import tomli_w
 from osfl.errors import ConfigError, OsflError
 from osfl.flower.app.app_dir import write_app
 from osfl.flower.app.certs import CertPaths, NodeKeyPaths, make_certificates, make_node_keys
+from osfl.flower.app.node_config import RESERVED_NODE_KEYS, NodeConfigValue, node_config_string
+from osfl.flower.app.processes import (
+    HOST,
+    alive,
+    descendants,
+    flower_bin,
+    free_port,
+    json_tail,
+    log_tail,
+    plain,
+    send_signal,
+    wait_for_port,
+)
 from osfl.flower.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
-HOST = "127.0.0.1"
+#: Re-exported: tests and :mod:`osfl.flower.app.runs` import them from here.
+__all__ = [
+    "CONNECTION",
+    "HOST",
+    "RESERVED_NODE_KEYS",
+    "LocalFederation",
+    "NodeConfigValue",
+    "descendants",
+    "flower_bin",
+    "free_port",
+    "json_tail",
+    "node_config_string",
+    "plain",
+    "wait_for_port",
+]
+
 CONNECTION = "osfl-local"
-#: The colour codes Flower's logger writes whatever its output is (Flower 1.41).
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def plain(text: str) -> str:
-    """``text`` without Flower's colour codes."""
-    return ANSI.sub("", text)
-
-
-def free_port(host: str = HOST) -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for_port(port: int, timeout: float, proc: subprocess.Popen[bytes], log_file: Path) -> None:
-    """Block until something accepts connections on ``port`` (or fail with its log)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise OsflError(
-                f"process exited with {proc.returncode}; see {log_file}:\n{_tail(log_file)}"
-            )
-        with contextlib.suppress(OSError), socket.create_connection((HOST, port), timeout=0.5):
-            return
-        time.sleep(0.2)
-    raise OsflError(f"nothing listens on {HOST}:{port} after {timeout:.0f} s; see {log_file}")
-
-
-def _tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(plain(path.read_text(errors="replace")).splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
-def _children(pid: int) -> list[int]:
-    """Direct children of ``pid`` (Linux ``/proc``; empty elsewhere)."""
-    out = []
-    for entry in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = entry.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            out.append(int(entry.parent.name))
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    """Every descendant of ``pid``, children first."""
-    found, todo = [], [pid]
-    while todo:
-        kids = _children(todo.pop())
-        found += kids
-        todo += kids
-    return found
-
-
-def _signal(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.kill(pid, sig)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    if stat.exists():  # a zombie is dead for our purposes
-        with contextlib.suppress(OSError, IndexError):
-            return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    return True
-
-
-def json_tail(out: str) -> dict[str, Any]:
-    """The JSON document a ``flwr ... --format json`` command printed (after
-    any status lines)."""
-    start = out.find("{") if out.lstrip().startswith("{") else out.find("\n{") + 1
-    try:
-        doc = json.loads(out[start:]) if start >= 0 else None
-    except json.JSONDecodeError:
-        doc = None
-    if not isinstance(doc, dict):
-        raise OsflError(f"flwr printed no JSON document:\n{out[-2000:]}")
-    return doc
-
-
-def flower_bin(name: str) -> str:
-    """A Flower console script next to this Python (or on PATH)."""
-    here = Path(sys.executable).with_name(name)
-    found = str(here) if here.exists() else shutil.which(name)
-    if not found:
-        raise ConfigError(
-            f"{name} not found: install Flower (pip install flwr) in this environment"
-        )
-    return found
-
-
-NodeConfigValue = str | int | float
-
-#: Node-config keys :class:`LocalFederation` sets itself (node ``i`` plays client ``i``).
-RESERVED_NODE_KEYS = ("partition-id", "num-partitions")
-_NODE_KEY = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
-
-
-def _toml_string(value: str) -> str:
-    """A TOML basic string that Flower's ``--node-config`` parser reads back
-    as ``value``: its tokenizer (``flwr/common/config.py::parse_config_args``,
-    ``(\\S+?)=('[^']*'|"[^"]*"|\\S+)``) ends a double-quoted value at the next
-    ``"``, so quotes, backslashes and control characters are escaped
-    (``\\u0022``, ``\\\\``, ``\\uXXXX``) rather than written."""
-    out = []
-    for ch in value:
-        if ch == "\\":
-            out.append("\\\\")
-        elif ch == '"' or ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
-
-
-def node_config_string(entries: Mapping[str, NodeConfigValue]) -> str:
-    """``entries`` as one ``flower-supernode --node-config`` string
-    (``key=value`` pairs, space-separated, values in TOML syntax: strings
-    double-quoted and escaped, so spaces and quotes survive; ``bool`` as
-    ``true``/``false``). Keys are bare TOML keys (letters, digits, ``_``,
-    ``-``, dotted parts)."""
-    parts = []
-    for key, value in entries.items():
-        if not isinstance(key, str) or not _NODE_KEY.fullmatch(key):
-            raise ConfigError(
-                f"node-config key {key!r} must be letters, digits, '_' or '-' "
-                "(dot-separated parts allowed)"
-            )
-        if isinstance(value, bool):
-            text = "true" if value else "false"
-        elif isinstance(value, int):
-            text = str(value)
-        elif isinstance(value, float):
-            if not math.isfinite(value):
-                raise ConfigError(f"node-config {key!r} must be finite, got {value}")
-            text = repr(value)
-        elif isinstance(value, str):
-            text = _toml_string(value)
-        else:
-            raise ConfigError(
-                f"node-config {key!r} must be a str, int, float or bool, got {type(value).__name__}"
-            )
-        parts.append(f"{key}={text}")
-    for key in entries:  # TOML cannot hold both a.b=1 and a=2
-        clash = [p for p in entries if p != key and key.startswith(p + ".")]
-        if clash:
-            raise ConfigError(f"node-config keys {clash[0]!r} and {key!r} clash (a.b nests in a)")
-    return " ".join(parts)
 
 
 class LocalFederation:
@@ -492,20 +357,20 @@ class LocalFederation:
         if not 0 <= i < len(self.nodes):
             raise ConfigError(f"no SuperNode {i}: this federation has {len(self.nodes)}")
         pid = self.nodes[i].pid
-        return [pid, *descendants(pid)] if _alive(pid) else []
+        return [pid, *descendants(pid)] if alive(pid) else []
 
     def kill_node(self, i: int, timeout: float = 10.0) -> None:
         """SIGKILL SuperNode ``i`` and its descendants (a site that drops out
         mid-run, with no goodbye to the SuperLink) and wait until they are gone."""
         tree = self.node_pids(i)
         for pid in tree:
-            _signal(pid, signal.SIGKILL)
+            send_signal(pid, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.nodes[i].wait(timeout=timeout)
         deadline = time.monotonic() + timeout
-        while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
             time.sleep(0.1)
-        left = [pid for pid in tree if _alive(pid)]
+        left = [pid for pid in tree if alive(pid)]
         if left:
             raise OsflError(f"SuperNode {i}: processes {left} still alive after SIGKILL")
 
@@ -517,23 +382,23 @@ class LocalFederation:
             if p.poll() is None:  # a reaped pid (a killed or refused node) may be reused
                 tree += [p.pid, *descendants(p.pid)]
         for pid in tree:
-            _signal(pid, signal.SIGTERM)
+            send_signal(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         for p in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
             time.sleep(0.1)
         for pid in tree:
-            if _alive(pid):
-                _signal(pid, signal.SIGKILL)
+            if alive(pid):
+                send_signal(pid, signal.SIGKILL)
         for p in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(timeout=2)
         deadline = time.monotonic() + 5.0  # SIGKILL is asynchronous: wait for the exits
-        while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
+        while any(alive(pid) for pid in tree) and time.monotonic() < deadline:
             time.sleep(0.1)
-        left = [pid for pid in tree if _alive(pid)]
+        left = [pid for pid in tree if alive(pid)]
         if left:
             log.warning("processes still alive after stop(): %s", left)
         for f in self._logs:
@@ -589,6 +454,6 @@ class LocalFederation:
         out = Path(spec.out_dir)
         if not (out / "metrics.json").is_file():
             raise OsflError(
-                f"the Flower run wrote no {out / 'metrics.json'}; flwr run said:\n{_tail(log_file)}"
+                f"the Flower run wrote no {out / 'metrics.json'}; flwr run said:\n{log_tail(log_file)}"
             )
         return out

@@ -213,6 +213,8 @@ class FALCON(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting, ServerVa
     """Server state: ``{"encoder", "student", "clients": {id: {form, bytes,
     num_samples, synthetic}}, "gflops_per_sample", "phases"}``."""
 
+    # its own fits: generator_fit, classifier_fit, server_fit
+    trains_with_recipe: ClassVar[bool] = False
     card: ClassVar[MethodCard] = dataclasses.replace(
         FrozenEncoderMethod.card,
         summary=(

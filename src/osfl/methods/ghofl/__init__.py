@@ -350,6 +350,7 @@ class GHOFL(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting):
     """
 
     Config: ClassVar[type] = GHOFLConfig
+    trains_with_recipe: ClassVar[bool] = False  # its own fits: fishermix_lr, protohyper_lr
     card: ClassVar[MethodCard] = dataclasses.replace(
         FrozenEncoderMethod.card,
         summary=(

@@ -1,0 +1,170 @@
+"""Loading a run's config: dataclass defaults <- YAML <- dotted overrides.
+
+``osfl run CONFIG.yaml train.lr=0.01 partition.alpha=0.5``: each layer
+overrides the previous one (docs/design.md §5). Unknown keys at any level are
+a :class:`~osfl.errors.ConfigError` that lists the valid keys of that level;
+wrong types name the key and the value; a YAML syntax error names its line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
+
+from osfl.config.hints import SHAPE_HINTS, valid_keys
+from osfl.config.schema import ExperimentConfig
+from osfl.errors import ConfigError
+from osfl.registry import did_you_mean
+
+
+def _schema() -> DictConfig:
+    return OmegaConf.structured(ExperimentConfig)
+
+
+def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> ConfigError:
+    key = getattr(e, "full_key", "") or ""
+    if isinstance(e, ConfigKeyError | AttributeError) or "not in" in str(e):
+        parent = key.rsplit(".", 1)[0] if "." in key else "top level"
+        keys = valid_keys(schema, key)
+        prefix = f"{parent}." if "." in key else ""
+        hint = did_you_mean(key.rsplit(".", 1)[-1], keys, prefix)
+        return ConfigError(
+            f"unknown config key {key!r}{hint} ({source}); valid keys at {parent}: "
+            f"{', '.join(keys) or '(none)'}"
+        )
+    if isinstance(e, ValidationError):
+        first = str(e).splitlines()[0]
+        hint = SHAPE_HINTS.get(key.split(".")[0]) if "." not in key else None
+        if hint is not None:
+            return ConfigError(f"bad value for {key!r} ({source}): {hint}")
+        if "could not be converted" in first:
+            value = getattr(e, "value", None)
+            want = first.rsplit(" to ", 1)[-1]
+            return ConfigError(
+                f"bad value for {key!r} ({source}): {value!r} is not a valid {want.lower()}"
+            )
+        return ConfigError(f"bad value for {key!r} ({source}): {first}")
+    return ConfigError(f"invalid configuration ({source}): {str(e).splitlines()[0]}")
+
+
+def default_config_text() -> str:
+    """The embedded default experiment (``osfl/configs/default.yaml``)."""
+    return resources.files("osfl").joinpath("configs/default.yaml").read_text()
+
+
+def _yaml_text(text: str, source: str) -> tuple[DictConfig, str]:
+    try:
+        node = OmegaConf.create(text)
+    except Exception as e:  # yaml.YAMLError and friends
+        raise ConfigError(f"cannot parse {source}{yaml_error_where(e)}") from e
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"{source} must hold a mapping of config keys at its top level")
+    return node, source
+
+
+def yaml_error_where(e: Exception) -> str:
+    """``", line L, column C: problem (context at line L', column C')"`` of a
+    YAML syntax error, in one line. PyYAML's own text spreads this over four
+    lines and its first line is only the context ("while parsing a flow
+    sequence"), without the position a user needs to find the mistake."""
+    if not isinstance(e, yaml.MarkedYAMLError) or e.problem_mark is None:
+        return f": {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+    mark = e.problem_mark
+    where = f", line {mark.line + 1}, column {mark.column + 1}: {e.problem}"
+    if e.context:
+        at = e.context_mark
+        opened = f" at line {at.line + 1}, column {at.column + 1}" if at is not None else ""
+        where += f" ({e.context}{opened})"
+    return where
+
+
+def _read_yaml(path: str | Path | None) -> tuple[DictConfig, str]:
+    if path is None:
+        return _yaml_text(default_config_text(), "embedded default.yaml")
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file not found: {p}{_not_found_hint(p)}")
+    try:
+        node = OmegaConf.load(p)
+    except Exception as e:  # yaml.YAMLError and friends
+        raise ConfigError(f"cannot parse {p}{yaml_error_where(e)}") from e
+    if not isinstance(node, DictConfig):
+        raise ConfigError(f"{p} must hold a mapping of config keys at its top level")
+    return node, str(p)
+
+
+def _not_found_hint(p: Path) -> str:
+    """Where a relative config path was looked for, and the way out for the
+    repository's ``configs/`` read from another directory."""
+    hint = "" if p.is_absolute() else f" (relative to {Path.cwd()})"
+    if p.name == "default.yaml":
+        return hint + (
+            "; a bare `osfl run` (no config file) runs the packaged default, configs/default.yaml"
+        )
+    if p.parts and p.parts[0] == "configs":
+        return hint + "; configs/ is in the osfl checkout: run from its root or give the full path"
+    return hint
+
+
+def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
+    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
+    if bad:
+        raise ConfigError(f"override {bad[0]!r} must look like key=value (e.g. train.lr=0.01)")
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except (OmegaConfBaseException, yaml.YAMLError) as e:  # a value is parsed as YAML
+        raise ConfigError(f"cannot parse overrides {list(overrides)}: {e}") from e
+
+
+def load_config(
+    path: str | Path | None = None, overrides: Sequence[str] = (), *, embedded_default: bool = True
+) -> ExperimentConfig:
+    """Defaults <- YAML file (the embedded default when ``path`` is None and
+    ``embedded_default``) <- dotted overrides, validated into an ExperimentConfig."""
+    layers: list[tuple[DictConfig, str]] = []
+    if path is not None or embedded_default:
+        layers.append(_read_yaml(path))
+    return _merge(layers, overrides)
+
+
+def load_config_text(text: str, overrides: Sequence[str] = ()) -> ExperimentConfig:
+    """Like :func:`load_config` for YAML given as text (e.g. in Flower's run config)."""
+    return _merge([_yaml_text(text, "YAML text")], overrides)
+
+
+def _merge(layers: list[tuple[DictConfig, str]], overrides: Sequence[str]) -> ExperimentConfig:
+    schema = _schema()
+    if overrides:
+        layers = [*layers, (_parse_overrides(overrides), "command-line overrides")]
+    merged: DictConfig = schema
+    for layer, source in layers:
+        try:
+            merged = OmegaConf.merge(merged, layer)  # type: ignore[assignment]
+        except OmegaConfBaseException as e:
+            raise _translate(e, schema, source) from e
+    try:
+        cfg = OmegaConf.to_object(merged)
+    except OmegaConfBaseException as e:
+        raise _translate(e, schema, "merged config") from e
+    except (TypeError, ValueError) as e:  # a dataclass __post_init__ refusing a value
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"invalid configuration: {e}") from e
+    assert isinstance(cfg, ExperimentConfig)
+    return cfg
+
+
+def to_yaml(cfg: ExperimentConfig) -> str:
+    """The resolved config as YAML: ``osfl run`` on it reproduces the run."""
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A plain JSON-able dict of a (nested) config dataclass."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]
