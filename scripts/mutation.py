@@ -4,7 +4,7 @@
     python scripts/mutation.py osfl.privacy.label_recovery    # a package
     python scripts/mutation.py --all                          # every core module
     python scripts/mutation.py --report osfl.fl.aggregators   # the table only
-    python scripts/mutation.py osfl.privacy.label_recovery --tests "tests/test_label*.py"
+    python scripts/mutation.py osfl.privacy.label_recovery --tests "tests/privacy/label_recovery/*.py"
 
 Runs ``mutmut run "<module>*"`` for each module (mutmut 3 runs, for each
 mutant, only the fast tests that execute the mutated function, as its first

@@ -16,20 +16,9 @@ import torch
 from osfl.assembly import SeedContext, build_federation, build_run, load_splits
 from osfl.config import load_config
 from osfl.data.imageset import DataSplits
+from support.tiny import TINY
 
 torch.set_num_threads(1)
-
-TINY = [
-    "data.image_size=8",
-    "data.max_per_class=20",
-    "model.kwargs={width: 8}",
-    "train.epochs=2",
-    "train.batch_size=16",
-    "progress=false",
-    "partition.alpha=1.0",
-    "partition.min_partition_size=5",
-    "threads_per_client=1",  # tiny models: one thread is fastest, and it is robust to load
-]
 
 
 @pytest.fixture(scope="session")

@@ -34,6 +34,7 @@ from osfl.data.classes import keep_classes
 from osfl.data.federation import Federation
 from osfl.data.imageset import DataSplits, ImageSet
 from osfl.data.partition import PARTITIONS, make_federation
+from osfl.data.saved_split import load_saved_split
 from osfl.data.sources import DATASETS, load_data
 from osfl.data.transforms import PIPELINES, build_transform, channel_stats
 from osfl.errors import ConfigError
@@ -214,6 +215,8 @@ def build_federation(cfg: ExperimentConfig, train: ImageSet, seed: int) -> Feder
     """The clients' split of ``train`` for ``seed`` (``partition.seed`` pins it),
     cached as JSON under ``cache_dir`` when one is set."""
     p = cfg.partition
+    if p.from_file is not None:  # a saved split, the same for every seed
+        return load_saved_split(p.from_file, train.labels, train.domains, p.num_clients)
     return make_federation(
         train.labels,
         p.scheme,

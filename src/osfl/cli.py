@@ -2,6 +2,7 @@
 
     osfl run                                  # the embedded default comparison
     osfl run CONFIG.yaml [key=value ...] [--sweep key=v1,v2 ...] [--out DIR]
+    osfl config show CONFIG.yaml [key=value ...]   # the resolved config, no run
     osfl partition --dataset digits --scheme dirichlet --alpha 0.1 --clients 5 --seed 0 --out p.json
     osfl list
 
@@ -23,7 +24,7 @@ import sys
 from collections.abc import Sequence
 
 from osfl import __version__
-from osfl.commands import audit, flower, listing, partition, pretrain, run, suite, table
+from osfl.commands import audit, config, flower, listing, partition, pretrain, run, suite, table
 from osfl.commands.common import VERBOSE_HELP, dispatch, new_console, setup_logging
 
 log = logging.getLogger("osfl.cli")
@@ -37,6 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"osfl {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     run.add_parser(sub)
+    config.add_parser(sub)
     partition.add_parser(sub)
     listing.add_parser(sub)
     table.add_parser(sub)
@@ -52,6 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     # ``osfl run CONFIG --out DIR key=value``: overrides may follow options.
     args, extra = parser.parse_known_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command line, for the records
     if extra and getattr(args, "suite_command", None) == "mfu":
         args.rest, extra = [*extra, *args.rest], []  # the benchmark parses its own options
     if extra:

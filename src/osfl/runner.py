@@ -24,6 +24,7 @@ import yaml
 
 from osfl import report
 from osfl.assembly import check_names, method_names
+from osfl.code_version import code_version
 from osfl.config import (
     ExperimentConfig,
     expand_sweeps,
@@ -43,15 +44,23 @@ from osfl.rundir import RunDir
 
 @dataclass
 class RunRequest:
-    """What ``osfl run`` was asked: a config file (``None``: the embedded
-    default), overrides, extra sweep axes, the output directory, its mode."""
+    """What ``osfl run`` was asked: a config file or several composed in
+    order (``None``: the embedded default), overrides, extra sweep axes, the
+    output directory, its mode."""
 
-    config: str | None = None
+    config: str | Sequence[str] | None = None
     overrides: Sequence[str] = ()
     sweeps: Sequence[str] = ()
     out: str | None = None
     mode: str = "new"
     command: str = "osfl run"
+
+
+def config_label(config: str | Sequence[str] | None) -> str:
+    """The config files of a run, as its ``run_start`` event names them."""
+    if config is None or not config:
+        return "embedded default"
+    return config if isinstance(config, str) else " + ".join(config)
 
 
 @dataclass
@@ -177,12 +186,18 @@ def run(req: RunRequest, make_board: BoardFactory, announce: Announce = print) -
         done = _finished(out)
     outcome = RunOutcome(base, out, records=list(done))
     skip = {record_key(r) for r in done}
-    info = {"config": to_dict(base), "sweep": base.sweep}
+    # what a reader needs to make the run again: the command and the code's commit
+    info = {
+        "command": req.command,
+        "code": code_version(),
+        "config": to_dict(base),
+        "sweep": base.sweep,
+    }
     t0 = time.perf_counter()
     with RunDir(out, mode=req.mode) as rd, progress:
         if req.mode != "resume":
             rd.write_text("config.yaml", f"# {req.command}\n" + config_text)
-        rd.event("run_start", config=req.config or "embedded default", points=len(plans))
+        rd.event("run_start", config=config_label(req.config), points=len(plans))
         if skip:
             rd.event("run_resumed", finished=len(skip))
 

@@ -26,20 +26,23 @@ def verbose_here(sub: argparse.ArgumentParser) -> None:
     )
 
 
+def split_config_files(items: Sequence[str]) -> tuple[list[str], list[str]]:
+    """``[CONFIG.yaml ...] key=value ...``: the config files (every item
+    without ``=``, in the order given: they compose, docs/design.md §5) and the
+    overrides."""
+    configs = [item for item in items if "=" not in item]
+    return configs, [item for item in items if "=" in item]
+
+
 def split_run_args(items: Sequence[str]) -> tuple[str | None, list[str]]:
-    """``[CONFIG.yaml] key=value ...``: the config is the one item without ``=``."""
-    config = None
-    overrides = []
-    for item in items:
-        if "=" in item:
-            overrides.append(item)
-        elif config is None:
-            config = item
-        else:
-            raise ConfigError(
-                f"two config files given ({config!r}, {item!r}); pass one, then key=value overrides"
-            )
-    return config, overrides
+    """``[CONFIG.yaml] key=value ...`` for a command that takes one config file."""
+    configs, overrides = split_config_files(items)
+    if len(configs) > 1:
+        raise ConfigError(
+            f"two config files given ({configs[0]!r}, {configs[1]!r}); pass one, then "
+            "key=value overrides"
+        )
+    return (configs[0] if configs else None), overrides
 
 
 #: The console of the running command (:func:`new_console` makes it; logging writes through it).

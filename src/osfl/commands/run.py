@@ -4,6 +4,7 @@ an experiment (no argument: the embedded default comparison)."""
 from __future__ import annotations
 
 import argparse
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,7 @@ from osfl.commands.common import (
     get_console,
     print_scoreboards,
     progress_board,
-    split_run_args,
+    split_config_files,
     verbose_here,
 )
 from osfl.errors import ConfigError
@@ -43,10 +44,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     from osfl.runner import RunRequest, run
 
     _check_sweep_spacing(args.sweep or [], args.items)
-    config, overrides = split_run_args(args.items)
+    configs, overrides = split_config_files(args.items)
+    config: str | list[str] | None = configs or None
     mode, out = "new", args.out
     if args.resume:
-        if config is not None or args.overwrite:
+        if configs or args.overwrite:
             raise ConfigError(
                 "--resume DIR re-runs DIR/config.yaml: give no other config file and no --overwrite"
             )
@@ -66,7 +68,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         sweeps=args.sweep or [],
         out=out,
         mode=mode,
-        command=f"osfl run {' '.join(args.items)}".rstrip(),
+        command=shlex.join(["osfl", *args.argv]),
     )
     outcome = run(
         req,
@@ -92,7 +94,7 @@ def add_parser(sub: Any) -> None:
         "items",
         nargs="*",
         metavar="CONFIG.yaml | key=value",
-        help="a config file and/or dotted overrides such as train.lr=0.01",
+        help="config files (composed in order: docs/design.md §5) and/or dotted overrides such as train.lr=0.01",
     )
     run.add_argument(
         "--sweep",

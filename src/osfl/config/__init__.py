@@ -14,6 +14,7 @@ https://omegaconf.readthedocs.io/en/2.3_branch/structured_config.html
 from __future__ import annotations
 
 from osfl.config.loading import (
+    config_layers_of,
     default_config_text,
     load_config,
     load_config_text,
@@ -40,6 +41,7 @@ __all__ = [
     "OptionDoc",
     "PartitionConfig",
     "TransformConfig",
+    "config_layers_of",
     "config_options",
     "default_config_text",
     "expand_sweeps",

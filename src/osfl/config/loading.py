@@ -1,7 +1,9 @@
-"""Loading a run's config: dataclass defaults <- YAML <- dotted overrides.
+"""Loading a run's config: dataclass defaults <- YAML layers <- dotted overrides.
 
 ``osfl run CONFIG.yaml train.lr=0.01 partition.alpha=0.5``: each layer
-overrides the previous one (docs/design.md §5). Unknown keys at any level are
+overrides the previous one (docs/design.md §5); a file's ``base:`` names the
+layers under it, the packaged default when it names none
+(:mod:`osfl.config.layers`). Unknown keys at any level are
 a :class:`~osfl.errors.ConfigError` that lists the valid keys of that level;
 wrong types name the key and the value; a YAML syntax error names its line.
 """
@@ -18,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException, ValidationError
 
 from osfl.config.hints import SHAPE_HINTS, valid_keys
+from osfl.config.layers import NOTHING, PACKAGED, config_layers, pop_base
 from osfl.config.schema import ExperimentConfig
 from osfl.errors import ConfigError
 from osfl.registry import did_you_mean
@@ -84,9 +87,14 @@ def yaml_error_where(e: Exception) -> str:
     return where
 
 
-def _read_yaml(path: str | Path | None) -> tuple[DictConfig, str]:
-    if path is None:
-        return _yaml_text(default_config_text(), "embedded default.yaml")
+def _packaged_default() -> tuple[DictConfig, str]:
+    """The packaged default's layer (its own ``base: none`` taken out)."""
+    node, source = _yaml_text(default_config_text(), "embedded default.yaml")
+    pop_base(node, source, NOTHING)
+    return node, source
+
+
+def _read_yaml(path: str | Path) -> tuple[DictConfig, str]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}{_not_found_hint(p)}")
@@ -122,20 +130,39 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
         raise ConfigError(f"cannot parse overrides {list(overrides)}: {e}") from e
 
 
+ConfigPaths = str | Path | Sequence[str | Path] | None
+
+
+def config_layers_of(
+    paths: ConfigPaths, *, embedded_default: bool = True
+) -> list[tuple[DictConfig, str]]:
+    """The YAML layers of ``paths`` (one file, several in order, or None: the
+    embedded default, or nothing when not ``embedded_default``), bases first."""
+    if paths is None:
+        return [_packaged_default()] if embedded_default else []
+    files = [paths] if isinstance(paths, str | Path) else list(paths)
+    return config_layers([Path(p) for p in files], _read_yaml, _packaged_default)
+
+
 def load_config(
-    path: str | Path | None = None, overrides: Sequence[str] = (), *, embedded_default: bool = True
+    path: ConfigPaths = None, overrides: Sequence[str] = (), *, embedded_default: bool = True
 ) -> ExperimentConfig:
-    """Defaults <- YAML file (the embedded default when ``path`` is None and
-    ``embedded_default``) <- dotted overrides, validated into an ExperimentConfig."""
-    layers: list[tuple[DictConfig, str]] = []
-    if path is not None or embedded_default:
-        layers.append(_read_yaml(path))
-    return _merge(layers, overrides)
+    """Defaults <- YAML layers (:func:`config_layers_of`) <- dotted overrides,
+    validated into an ExperimentConfig."""
+    return _merge(config_layers_of(path, embedded_default=embedded_default), overrides)
 
 
 def load_config_text(text: str, overrides: Sequence[str] = ()) -> ExperimentConfig:
-    """Like :func:`load_config` for YAML given as text (e.g. in Flower's run config)."""
-    return _merge([_yaml_text(text, "YAML text")], overrides)
+    """Like :func:`load_config` for YAML given as text (e.g. in Flower's run
+    config, usually a run's resolved config): its ``base`` may be ``default``
+    or ``none`` (no file to be relative to), ``none`` when it names none, for
+    the texts written before ``base`` existed."""
+    node, source = _yaml_text(text, "YAML text")
+    bases = pop_base(node, source, NOTHING)
+    if set(bases) - {PACKAGED, NOTHING}:
+        raise ConfigError(f"YAML text: base may only be {PACKAGED!r} or {NOTHING!r}; got {bases}")
+    layers = [_packaged_default()] if PACKAGED in bases else []
+    return _merge([*layers, (node, source)], overrides)
 
 
 def _merge(layers: list[tuple[DictConfig, str]], overrides: Sequence[str]) -> ExperimentConfig:
@@ -161,8 +188,9 @@ def _merge(layers: list[tuple[DictConfig, str]], overrides: Sequence[str]) -> Ex
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:
-    """The resolved config as YAML: ``osfl run`` on it reproduces the run."""
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg))
+    """The resolved config as YAML: ``osfl run`` on it reproduces the run. It
+    holds every key, so it stands on nothing (``base: none``)."""
+    return f"base: {NOTHING}\n" + OmegaConf.to_yaml(OmegaConf.structured(cfg))
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

@@ -70,6 +70,8 @@ class PartitionConfig:
     min_partition_size: int | None = None
     seed: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    #: a federation file written by `osfl partition --out` to reuse instead of drawing a split
+    from_file: str | None = None
 
     def params(self) -> dict[str, Any]:
         """Scheme parameters for ``make_federation`` (the ones that are set)."""

@@ -107,7 +107,7 @@ class ColorJitter(Transform):
     the whole batch and ``torch.where`` keeps it for its samples: four times
     the jitter arithmetic, but no ``nonzero()``, whose count must be copied to
     the host (16 waits for the GPU per call). Every op is per sample, so both
-    give the same bits (``tests/test_transforms.py``).
+    give the same bits (``tests/data/test_transforms.py``).
     """
 
     _OPS: tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], ...] = (

@@ -115,7 +115,7 @@ class Method(ABC):
     #: Whether the method's clients train through the shared recipe
     #: (``run.train``, ``method_train.<name>``). False for a method with its own
     #: training knobs (FALCON's ``generator_fit``): ``method_train.<name>`` is
-    #: then refused rather than recorded and ignored (tests/test_trains_with_recipe.py).
+    #: then refused rather than recorded and ignored (tests/fl/test_trains_with_recipe.py).
     trains_with_recipe: ClassVar[bool] = True
 
     def __init__(self, config: Any, run: RunContext):

@@ -17,7 +17,7 @@ convnets train in channels_last with ``cudnn.benchmark``, SGD/Adam/AdamW use
 torch's fused kernels, ``train.amp`` (on by default) autocasts to bf16, and
 ``train.compile`` puts the forward through ``torch.compile``. On the CPU
 none of this applies and every number is today's, bit for bit;
-``tests/test_sync_free.py`` counts the waits of a step on a simulated device.
+``tests/fl/test_sync_free.py`` counts the waits of a step on a simulated device.
 
 Local training follows FedAvg [McMahan et al., AISTATS 2017]: ``E`` local
 epochs (or a fixed number of local steps) of mini-batch training with

@@ -1,7 +1,7 @@
 """The pieces the GPU suite's steps share (:mod:`osfl.suite.catalogue`): the
 command line of an ``osfl run`` step, the frozen-encoder rows' paper-scale
 overrides, and the dry run's tiny data and models (8-px digits, a one-block
-ViT: tests/test_pretrain.py's), which every step's ``tiny`` form reads.
+ViT: tests/pretrain/test_pretrain.py's), which every step's ``tiny`` form reads.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ FROZEN_GPU = (
     "sweep=[]",
     "method.ghofl.encoder.size=224",
 )
-# --- the dry run: 8-px digits, a one-block ViT (tests/test_pretrain.py's) ----
+# --- the dry run: 8-px digits, a one-block ViT (tests/pretrain/test_pretrain.py's) ----
 TINY_KW = "{img_size: 8, patch_size: 2, depth: 1, embed_dim: 32, num_heads: 2, in_chans: 1}"
 TINY_RUN = (
     "data.source=digits",

@@ -131,6 +131,8 @@ class RoundRecord:
     time_server_s: float
     metrics: dict[str, Any] = field(default_factory=dict)
     warnings: dict[int, list[str]] = field(default_factory=dict)  # client -> its training's
+    #: what the server's step logged as a warning (a capped Krum f, ...): server_log.py
+    server_warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -159,13 +161,15 @@ class RunResult:
 
     @property
     def warnings(self) -> list[str]:
-        """Every client's training warnings and the evaluation's, one line each."""
+        """Every client's training warnings, the server step's and the
+        evaluation's, one line each."""
         lines = [
             f"client {c} (round {r.round}): {w}"
             for r in self.rounds
             for c, ws in r.warnings.items()
             for w in ws
         ]
+        lines += [f"server (round {r.round}): {w}" for r in self.rounds for w in r.server_warnings]
         return lines + [str(w) for w in self.metrics.get("warnings", [])]
 
 

@@ -54,6 +54,7 @@ from osfl.fl.runtime.checkpoint import PendingUpload, Resume, RoundCheckpoints
 from osfl.fl.runtime.client import ClientTurn
 from osfl.fl.runtime.evaluation import RoundEvaluation, Scoring
 from osfl.fl.runtime.identity import job_digest
+from osfl.fl.runtime.server_log import server_warnings
 from osfl.fl.runtime.sites import SiteScore
 from osfl.fl.seeds import derive_seed
 from osfl.fl.upload import Broadcast, Upload, UploadSpec, receive, size_limit
@@ -171,14 +172,25 @@ def torch_threads(n: int | None) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+#: the most characters of one refusal reason kept (log, events, record)
+MAX_REASON_CHARS = 300
+
+
 def refusal(client: int, error: Exception) -> str:
     """Why client ``client``'s upload was refused: an :class:`UploadError`'s
     own words, or what else went wrong while decoding, validating or
     screening it (a hostile upload may trip any of them; it is still only
-    that client's refusal, never the round's end)."""
+    that client's refusal, never the round's end). Cut to
+    :data:`MAX_REASON_CHARS`: a reason may quote the attacker's values (a
+    401-digit ``num_samples``), and the log and the record must not carry
+    whatever an attacker sends."""
     if isinstance(error, UploadError):
-        return str(error)
-    return f"[client {client}, field '*'] {type(error).__name__} while checking it: {error}"
+        text = str(error)
+    else:
+        text = f"[client {client}, field '*'] {type(error).__name__} while checking it: {error}"
+    if len(text) <= MAX_REASON_CHARS:
+        return text
+    return f"{text[:MAX_REASON_CHARS]}… ({len(text) - MAX_REASON_CHARS} more characters)"
 
 
 class Inbox:
@@ -342,7 +354,8 @@ class RoundLoop:
         self.require_enough(got, r, len(clients))
 
         t = time.perf_counter()
-        state = self.aggregate(state, got, r)
+        with server_warnings() as said:
+            state = self.aggregate(state, got, r)
         t_server += got.server_s + time.perf_counter() - t
         for c, n in got.bytes_up.items():
             self.bytes.up[r][c] += n
@@ -361,6 +374,7 @@ class RoundLoop:
             time_client_s=t_client,
             time_server_s=t_server,
             warnings=dict(got.warnings),
+            server_warnings=list(said),
         )
         return state, record
 

@@ -27,6 +27,7 @@ from typing import Any
 import tomli_w
 
 from osfl import __version__
+from osfl.errors import ConfigError
 from osfl.flower.spec import JobSpec
 
 #: The app's name on the SuperLink (``<publisher>/<name>``).
@@ -87,6 +88,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--override", action="append", default=[], help="dotted config override (repeatable)"
     )
     args = p.parse_args(argv)
+    # refused here, in one line, not when the SuperLink first runs the app
+    if args.experiment and not Path(args.experiment).is_file():
+        p.error(f"--experiment {args.experiment}: no such file")
+    if args.method:
+        import osfl.methods  # noqa: F401  # heavy: torch (registers the methods)
+        from osfl.fl.method import METHODS  # heavy: torch
+
+        try:
+            METHODS.get(args.method)
+        except ConfigError as e:
+            p.error(f"--method: {e}")
     experiment = str(Path(args.experiment).resolve()) if args.experiment else ""
     out_dir = str(Path(args.out_dir).resolve()) if args.out_dir else ""
     spec = JobSpec(

@@ -22,7 +22,7 @@ to the class with the most negative residual ``r_j = g_j − total·s_j −
 (labels given to j)·(m − s_j)`` until ``m·|B|`` labels are assigned.
 
 **Departures from the authors' code** (tklab-tud/LLG 58f3aa2,
-``Predictor.LLGp_prediction``; both in ``tests/test_reference_llg.py``): the
+``Predictor.LLGp_prediction``; both in ``tests/privacy/label_recovery/test_reference_llg.py``): the
 authors scale the mean impact by ``(1 + 1/K)`` over the number of local
 iterations and lower a class's residual by that impact per label, an
 approximation of the offset term; osfl uses the mean impact itself,

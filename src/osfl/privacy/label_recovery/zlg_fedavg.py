@@ -31,7 +31,7 @@ and, when that leaves too many labels, takes the excess from the classes
 with the smallest remainders. Without a negative raw estimate both give the
 same counts; with one they can differ (raw ``[3.9, 3.9, 3.9, −3.7]`` for 8
 labels: the code ``[2, 3, 3, 0]``, osfl ``[3, 3, 2, 0]``;
-``tests/test_reference_zlg.py``). The gradient is the SGD surrogate ``−ΔW/η·|B|``:
+``tests/privacy/label_recovery/test_reference_zlg.py``). The gradient is the SGD surrogate ``−ΔW/η·|B|``:
 no momentum or scheme correction, as published.
 """
 

@@ -1,0 +1,14 @@
+"""FedPFT's tiny task (a one-block ViT on 16-px digits, three clients)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from support.tiny import TINY_FEDPFT, load_tiny
+
+
+@pytest.fixture(scope="module")
+def tiny() -> tuple[Any, Any]:
+    return load_tiny(TINY_FEDPFT)

@@ -1,0 +1,282 @@
+"""Mechanism tests of the two multi-exchange uses of the client models: FENS
+(a learned aggregator over the clients' logits) and FuseFL (progressive
+block-wise fusion). Both run their protocol step by step on the smoke task
+(digits at 8 px, three clients), calling the method's own parts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from osfl import assembly
+from osfl.config import load_config
+from osfl.fl.context import ClientContext, ClientState
+from osfl.fl.method import METHODS
+from osfl.fl.upload import Upload
+from osfl.methods.fens import split_client_data
+from osfl.methods.fusefl import method as fusefl_module
+from osfl.methods.fusefl import modules as fusefl_modules
+from support.smoke import BASE, first_aggregation, smoke_context
+
+
+def job_of(name: str, *extra: str) -> Any:
+    cfg = load_config(None, [*BASE, *METHODS.get(name).card.smoke, f"methods=[{name}]", *extra])
+    return assembly.build_job(cfg, name, smoke_context(cfg))
+
+
+def client_ctx(job: Any, client: int, round: int, state: ClientState) -> ClientContext:
+    return ClientContext(job.run, client, round, torch.Generator().manual_seed(round), state)
+
+
+# --------------------------------------------------------------------------- FENS
+@pytest.fixture(scope="module")
+def fens() -> dict[str, Any]:
+    job = job_of("fens", "data.max_per_class=30")
+    method = job.method
+    state0, uploads = first_aggregation(job)
+    state = method.aggregate(state0, uploads, 0)
+    own = ClientState()
+    data = job.clients.data(0)
+    broadcast = method.broadcast(state, 1)
+    up = method.client_update(client_ctx(job, 0, 1, own), broadcast, data)
+    return {"job": job, "state": state, "own": own, "data": data, "up": up, "b": broadcast}
+
+
+def test_fens_clients_keep_the_members_logits_on_their_held_out_share(fens) -> None:
+    """FENS's second phase (Allouah et al., NeurIPS 2024; sacs-epfl/fens
+    ``generate_logits_v2.py``): each client runs the K received (INT8,
+    dequantised) client models over its held-out share (the evaluation
+    transform) once; those logits and labels stay in its state, the
+    aggregator's training input."""
+    job, state, data = fens["job"], fens["state"], fens["data"]
+    method = job.method
+    logits = fens["own"].tensors["heldout_logits"]
+    held = split_client_data(data, method.config.holdout, job.run.seed, 0)[1]
+    assert 1 <= len(held) < len(data)
+    x = job.run.eval_transform(held.images)
+    with torch.no_grad():
+        want = torch.stack(
+            [method.member_model(state["members"][c]).eval()(x) for c in sorted(state["members"])],
+            dim=1,
+        )
+    assert logits.shape == (len(held), 3, job.run.num_classes)
+    torch.testing.assert_close(logits, want)
+    assert torch.equal(fens["own"].tensors["heldout_labels"], held.labels)
+    assert not any(k.startswith(("member", "heldout")) for k in fens["up"].tensors)  # never leave
+
+
+def test_fens_aggregator_is_one_sgd_step_on_the_client_logits(fens) -> None:
+    """FENS trains a small aggregator ``g(f_1(x), ..., f_K(x))`` on the
+    held-out logits: the authors' round is one plain SGD step at lr 1 on a
+    batch of 128 (here the client's whole held-out share, fewer than 128), so
+    the uploaded aggregator is the received one minus the gradient of the
+    mean cross-entropy there (at lr 1 one such step may overshoot; the server's
+    FedAdam step of 1e-3 is what moves the global aggregator). A later round
+    starts from the aggregator it receives."""
+    job, up = fens["job"], fens["up"]
+    method = job.method
+    logits = fens["own"].tensors["heldout_logits"]
+    labels = fens["own"].tensors["heldout_labels"]
+    assert len(labels) <= method.config.local.batch_size
+    received = method.new_aggregator(3)
+    received.load_state_dict(
+        {
+            k[len("aggregator.") :]: v
+            for k, v in fens["b"].tensors.items()
+            if k.startswith("aggregator.")
+        }
+    )
+    loss = F.cross_entropy(received(logits), labels)
+    loss.backward()
+    for name, p in received.named_parameters():
+        torch.testing.assert_close(up.tensors[name], (p - method.config.local.lr * p.grad).detach())
+    assert up.meta["num_samples"] == len(labels)  # the samples its step saw
+    shifted = {
+        k: v + 0.5 if k.startswith("aggregator.") else v for k, v in fens["b"].tensors.items()
+    }
+    later = {
+        name: method.client_update(
+            client_ctx(job, 0, 2, fens["own"]),
+            type(fens["b"])(tensors=tensors, meta=fens["b"].meta),
+            fens["data"],
+        ).tensors
+        for name, tensors in (("received", fens["b"].tensors), ("shifted", shifted))
+    }
+    assert any(not torch.equal(later["shifted"][k], v) for k, v in later["received"].items())
+
+
+def test_fens_server_takes_a_fedadam_step_toward_the_weighted_mean(fens) -> None:
+    """The server weights the clients' aggregators by the samples their steps
+    saw and takes a FedAdam step (Reddi et al., 2021; the authors'
+    ``distoptim/FedAdam.py``, no bias correction) on the pseudo-gradient
+    ``Δ = mean − x``: from zero moments ``x + lr · 0.1Δ / (√(0.01Δ²) + τ)``.
+    It predicts with that aggregator over the members' logits."""
+    method, state = fens["job"].method, fens["state"]
+    opt = method.config.server_opt
+    agg = state["aggregator"]
+    zeros = {k: torch.zeros_like(v) for k, v in agg.items()}
+    ones = {k: torch.ones_like(v) for k, v in agg.items()}
+    new = method.aggregate(
+        state,
+        {0: Upload(zeros, {"num_samples": 10}), 1: Upload(ones, {"num_samples": 30})},
+        1,
+    )
+    for k, x in agg.items():
+        x = x.double()
+        delta = 0.75 - x
+        m, v = (1 - opt.beta1) * delta, (1 - opt.beta2) * delta**2
+        want = x + opt.lr * m / (v.sqrt() + opt.tau)
+        torch.testing.assert_close(new["aggregator"][k], want.float())
+    assert set(new["server_opt"])  # the moments carry into the next round
+    new = method.aggregate(state, {0: fens["up"]}, 1)
+    pred = method.predictor(new).eval()
+    x = fens["job"].run.eval_transform(fens["data"].images[:8])
+    aggregator = method.new_aggregator(3)
+    aggregator.load_state_dict(new["aggregator"])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            pred(x), aggregator(torch.stack([m(x) for m in pred.members], 1))
+        )
+
+
+# --------------------------------------------------------------------------- FuseFL
+K = 3
+
+
+@pytest.fixture(scope="module")
+def fusefl() -> dict[str, Any]:
+    """FuseFL's K = 3 rounds on three clients, step models recorded."""
+    job = job_of("fusefl", f"method.fusefl.blocks={K}")
+    method = job.method
+    steps: list[dict[str, Any]] = []
+    real = fusefl_module.train_client
+
+    def spy(ctx, data, *, model, **kw):
+        if isinstance(model, fusefl_module.StepModel):
+            before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            out = real(ctx, data, model=model, **kw)
+            after = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            steps.append(
+                {
+                    "round": ctx.round,
+                    "client": ctx.client_id,
+                    "before": before,
+                    "after": after,
+                    "members": [b.members for b in model.prefix.blocks],
+                }
+            )
+            return out
+        return real(ctx, data, model=model, **kw)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(fusefl_module, "train_client", spy)
+    try:
+        state = method.init_state()
+        own = {c: ClientState() for c in range(3)}
+        uploads_by_round = []
+        own_after_round0: dict[int, dict[str, torch.Tensor]] = {}
+        for r in range(K):
+            b = method.broadcast(state, r)
+            ups = {
+                c: method.client_update(client_ctx(job, c, r, own[c]), b, job.clients.data(c))
+                for c in range(3)
+            }
+            if r == 0:
+                own_after_round0 = {c: dict(own[c].tensors) for c in range(3)}
+            uploads_by_round.append(ups)
+            state = method.aggregate(state, ups, r)
+    finally:
+        mp.undo()
+    return {
+        "job": job,
+        "state": state,
+        "steps": steps,
+        "uploads": uploads_by_round,
+        "own0": own_after_round0,
+    }
+
+
+def test_fusefl_fused_blocks_stay_frozen_in_later_steps(fusefl) -> None:
+    """FuseFL's step k (Tang et al., NeurIPS 2024, §4 / Fig. 4): the fused
+    blocks 0..k-1 (every client's, from the server) are frozen — parameters
+    and BN statistics alike — while the new adaptor and the client's own
+    later blocks train."""
+    steps = fusefl["steps"]
+    assert [(s["round"], s["client"]) for s in steps] == [(r, c) for r in (1, 2) for c in range(3)]
+    for s in steps:
+        prefix = [k for k in s["before"] if k.startswith("prefix.")]
+        trainable = [k for k in s["before"] if k.startswith(("adaptor.", "own.", "head."))]
+        assert prefix and trainable
+        for k in prefix:
+            assert torch.equal(s["before"][k], s["after"][k]), (s["round"], k)
+        moved = [k for k in trainable if not torch.equal(s["before"][k], s["after"][k])]
+        assert any(k.startswith("adaptor.") for k in moved)
+        assert any(k.startswith("own.") for k in moved)
+
+
+def test_fusefl_fuses_every_client_progressively(fusefl) -> None:
+    """FuseFL's K rounds (Tang et al., NeurIPS 2024, Alg. 1): round k fuses
+    block k of *every* client behind the fused blocks 0..k-1; the step model of
+    round k holds exactly the server's fused blocks so far, each member's
+    block as that member uploaded it; the uploaded block k is the one the
+    client trained in step k (not its round-0 block), and the final model
+    holds K fused blocks of all three members."""
+    state, steps = fusefl["state"], fusefl["steps"]
+    assert len(state["fused"]) == K and all(sorted(e) == [0, 1, 2] for e in state["fused"])
+    for s in steps:
+        k = s["round"]
+        assert s["members"] == [[0, 1, 2]] * k
+        for j in range(k):
+            for i, c in enumerate([0, 1, 2]):
+                sent = state["fused"][j][c]["block"]
+                for name, v in sent.items():
+                    assert torch.equal(s["after"][f"prefix.blocks.{j}.blocks.{i}.{name}"], v)
+    for k in range(1, K):
+        for c in range(3):
+            block = fusefl["uploads"][k][c].tensors
+            trained = state["fused"][k][c]["block"]
+            for name, v in trained.items():
+                assert torch.equal(block[f"block.{name}"], v)
+            paths = fusefl["job"].method.split.blocks[k]
+            first = paths[0].replace(".", "_")
+            round0 = {
+                n: v for n, v in fusefl["own0"][c].items() if n.startswith("own." + paths[0] + ".")
+            }
+            later = {n.split(".", 1)[1]: v for n, v in trained.items() if n.startswith(first + ".")}
+            assert round0 and any(
+                not torch.equal(v, later[n[len("own." + paths[0] + ".") :]])
+                for n, v in round0.items()
+            )
+    pred = fusefl["job"].method.predictor(state)
+    assert len(pred.trunk.blocks) == K and all(len(b.blocks) == 3 for b in pred.trunk.blocks)
+    # the classifiers of the last round, averaged by data size (the code's ``avg``)
+    n = torch.tensor([float(state["num_samples"][c]) for c in range(3)])
+    heads = [state["heads"][c] for c in range(3)]
+    (avg,) = pred.classifier.heads
+    for name in ("weight", "bias"):
+        want = sum(w * h[name] for w, h in zip(n / n.sum(), heads, strict=True))
+        torch.testing.assert_close(getattr(avg, name).detach(), want)
+
+
+def test_fusefl_classifier_fusion_by_hand() -> None:
+    """FuseFL's fused classifier: ``average`` applies the data-size average of
+    the members' classifiers to the members' mean feature (the code's
+    ``fedexnn_classifer=avg``, with the mean in place of its sum); ``heads``
+    averages each member's own classifier on its own feature."""
+    heads = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]
+    with torch.no_grad():
+        heads[0].weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+        heads[0].bias.copy_(torch.tensor([0.0, 1.0]))
+        heads[1].weight.copy_(torch.tensor([[3.0, 0.0], [0.0, -1.0]]))
+        heads[1].bias.copy_(torch.tensor([4.0, 1.0]))
+    feats = [torch.tensor([[2.0, 4.0]]), torch.tensor([[6.0, 0.0]])]
+    with torch.no_grad():
+        avg = fusefl_modules.ClassifierFusion(heads, [0.25, 0.75], "average")(feats)
+        own = fusefl_modules.ClassifierFusion(heads, [0.25, 0.75], "heads")(feats)
+    # W = [[2.5, 0], [0, -0.5]], b = [3, 1]; mean feature (4, 2)
+    torch.testing.assert_close(avg, torch.tensor([[13.0, 0.0]]))
+    # head 0 on (2, 4): (2, 5); head 1 on (6, 0): (22, 1); mean (12, 3)
+    torch.testing.assert_close(own, torch.tensor([[12.0, 3.0]]))

@@ -1,0 +1,185 @@
+"""Tiny tasks (config overrides for ``load_config``), the shared helpers that
+build a run on them, and the reference tests' tolerance.
+
+One name per distinct task: ``TINY`` is the default 8-px CNN task (the root
+conftest's ``tiny_data``/``make_ctx``), ``TINY_VIT`` the one-block ViT task
+(``tests/methods/conftest.py``'s ``tiny``); the others are variants one
+family or file uses, named after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import torch
+
+from osfl.assembly import SeedContext, build_federation, build_run, load_splits
+from osfl.config import load_config, method_config
+from osfl.data.federation import Federation
+from osfl.methods.falcon import FALCON
+
+TINY = [
+    "data.image_size=8",
+    "data.max_per_class=20",
+    "model.kwargs={width: 8}",
+    "train.epochs=2",
+    "train.batch_size=16",
+    "progress=false",
+    "partition.alpha=1.0",
+    "partition.min_partition_size=5",
+    "threads_per_client=1",  # tiny models: one thread is fastest, and it is robust to load
+]
+TINY_VIT = [
+    "data.image_size=16",
+    "data.max_per_class=15",
+    "model.name=vit_tiny_patch2_16",
+    "model.kwargs={img_size: 8, patch_size: 8, depth: 1, embed_dim: 16, num_heads: 2}",
+    "partition.min_partition_size=3",
+    "progress=false",
+    "cache_dir=null",
+]
+TINY_FEDPFT = [
+    "data.image_size=16",
+    "data.max_per_class=12",
+    "model.name=vit_tiny_patch2_16",
+    "model.kwargs={img_size: 8, patch_size: 8, depth: 1, embed_dim: 16, num_heads: 2}",
+    "partition.num_clients=3",
+    "partition.alpha=0.3",
+    "partition.min_partition_size=5",
+    "progress=false",
+    "cache_dir=null",
+]
+FAST_FEDPFT = {
+    "components": 4,
+    "max_iter": 30,
+    "tol": 1e-3,
+    "server_fit": {"epochs": 5, "lr": 0.01},
+}
+TINY_FALCON = [
+    "data.image_size=16",
+    "data.max_per_class=12",
+    "model.name=vit_tiny_patch2_16",
+    "model.kwargs={img_size: 8, patch_size: 8, depth: 1, embed_dim: 16, num_heads: 2}",
+    "partition.num_clients=3",
+    "partition.alpha=0.5",
+    "partition.min_partition_size=5",
+    "progress=false",
+    "cache_dir=null",
+]
+FAST_FALCON = {
+    "views": {"input_size": 16, "window": 8, "stride": 8},
+    "generator_model": {"depth": 1, "heads": 2, "components": 2},
+    "generator_fit": {"epochs": 3, "batch_size": 64},
+    "classifier_fit": {"epochs": 3, "batch_size": 64},
+    "server_fit": {"epochs": 3, "batch_size": 64},
+}
+TINY_FROZEN = [
+    "data.image_size=16",
+    "data.max_per_class=10",
+    "model.name=vit_tiny_patch2_16",
+    "model.kwargs={img_size: 8, patch_size: 8, depth: 1, embed_dim: 16, num_heads: 2}",
+    "partition.num_clients=3",
+    "partition.alpha=0.5",
+    "partition.min_partition_size=5",
+    "progress=false",
+]
+TINY_TOKEN_INVERSION = [
+    "data.image_size=16",
+    "data.max_per_class=12",
+    "model.name=vit_tiny_patch2_16",
+    "model.kwargs={img_size: 8, patch_size: 8, depth: 1, embed_dim: 16, num_heads: 2}",
+    "partition.num_clients=2",
+    "partition.alpha=1.0",
+    "partition.min_partition_size=5",
+    "progress=false",
+    "cache_dir=null",
+]
+TINY_PROVENANCE = [
+    "data.image_size=8",
+    "data.max_per_class=10",
+    "partition.num_clients=2",
+    "train.epochs=1",
+    "methods=[fedavg]",
+    "threads_per_client=1",
+    "cache_dir=null",
+    "progress=false",
+]
+TINY_RECORD = [
+    "data.image_size=8",
+    "data.max_per_class=10",
+    "partition.num_clients=2",
+    "train.epochs=1",
+    "threads_per_client=1",
+    "cache_dir=null",
+    "progress=false",
+]
+TINY_SPLIT = [
+    "data.image_size=8",
+    "data.max_per_class=20",
+    "partition.num_clients=2",
+    "cache_dir=null",
+]
+TINY_FLOWER_STATUS = ("partition.num_clients=2", "train.epochs=1", "data.max_per_class=10")
+TINY_FLOWER_SECURITY = (
+    "data.image_size=8",
+    "partition.num_clients=2",
+    "partition.alpha=1.0",
+    "train.epochs=1",
+    "cache_dir=null",
+)
+
+
+def load_tiny(overrides: list[str]) -> tuple[Any, Any]:
+    """The config of ``overrides`` and its data splits (the ``tiny`` fixtures)."""
+    cfg = load_config(None, overrides)
+    return cfg, load_splits(cfg)
+
+
+def seed_ctx(tiny: Any, federation: Federation | None = None) -> SeedContext:
+    cfg, splits = tiny
+    fed = federation or build_federation(cfg, splits.train, 0)
+    return SeedContext(splits, fed, build_run(cfg, splits, fed, 0))
+
+
+def split_ctx(
+    tiny: Any,
+    num_clients: int,
+    alpha: float | None,
+    scheme: str = "dirichlet",
+    federation: Federation | None = None,
+) -> SeedContext:
+    cfg, splits = tiny
+    part = dataclasses.replace(cfg.partition, num_clients=num_clients, alpha=alpha, scheme=scheme)
+    c = dataclasses.replace(cfg, partition=part)
+    fed = federation or build_federation(c, splits.train, 0)
+    return SeedContext(splits, fed, build_run(c, splits, fed, 0))
+
+
+def falcon(ctx: SeedContext, **over: Any) -> FALCON:
+    return FALCON(method_config(FALCON, {**FAST_FALCON, **over}), ctx.run)
+
+
+def blobs(seed: int, per_class: int, classes: int = 4, dim: int = 6) -> tuple[torch.Tensor, ...]:
+    """Gaussian classes with different covariances, overlapping enough that
+    a head is not trivially perfect; float64."""
+    g = torch.Generator().manual_seed(seed)
+    means = torch.randn(classes, dim, generator=torch.Generator().manual_seed(99)) * 1.5
+    mix = torch.randn(classes, dim, dim, generator=torch.Generator().manual_seed(98)) * 0.5
+    f = torch.cat(
+        [
+            means[c] + torch.randn(per_class, dim, generator=g) @ (torch.eye(dim) + mix[c])
+            for c in range(classes)
+        ]
+    ).double()
+    return f, torch.arange(classes).repeat_interleave(per_class)
+
+
+def close(ours: torch.Tensor, theirs: torch.Tensor, rel: float = 1e-9) -> None:
+    """Equal to ``rel`` of the largest magnitude of ``theirs`` (float64
+    rounding differs by summation order only): the reference tests' tolerance."""
+    scale = float(theirs.abs().max()) or 1.0
+    np.testing.assert_allclose(
+        ours.double().numpy(), theirs.double().numpy(), rtol=0, atol=rel * scale
+    )
