@@ -98,13 +98,7 @@ def _read_yaml(path: str | Path) -> tuple[DictConfig, str]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file not found: {p}{_not_found_hint(p)}")
-    try:
-        node = OmegaConf.load(p)
-    except Exception as e:  # yaml.YAMLError and friends
-        raise ConfigError(f"cannot parse {p}{yaml_error_where(e)}") from e
-    if not isinstance(node, DictConfig):
-        raise ConfigError(f"{p} must hold a mapping of config keys at its top level")
-    return node, str(p)
+    return _yaml_text(p.read_text(encoding="utf-8"), str(p))
 
 
 def _not_found_hint(p: Path) -> str:

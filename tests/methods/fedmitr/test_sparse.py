@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import osfl.methods.fedmitr.sparse_inversion as si
 from osfl.errors import ConfigError
 from osfl.methods.fedmitr import (
     VARIANTS,
@@ -22,6 +23,7 @@ from osfl.methods.fedmitr import (
     remap_keep_idx,
     stop_lowest,
 )
+from osfl.methods.fedmitr.relabel import LOW_DENSITY_INPUTS
 from osfl.methods.kd import DistillConfig, Distiller, EnsembleTeacher, InversionConfig, PoolBatch
 from osfl.methods.kd.pixels import Jitter
 from osfl.methods.kd.priors import kd_kl
@@ -210,3 +212,57 @@ def test_no_stopped_patch_means_no_kl_term() -> None:
     loss = TokenRelabelLoss(RelabelWeights(), patch_grid(student))
     loss(dist, batch, batch.images)
     assert set(loss.last) == {"kd", "cls"}
+
+
+def test_the_js_term_s_student_sees_the_client_s_kept_tokens(monkeypatch) -> None:
+    """Eq. 5-6: the JS term compares the client and the server student on the
+    same sparse input (SMI feeds the student the client's kept tokens); a
+    student that saw the whole image would compare two different inputs."""
+    seen: dict[str, list] = {"client": [], "student": []}
+    real = si.forward_with_cls_attention
+
+    def client_spy(model, x, keep_idx):
+        seen["client"].append(keep_idx.clone())
+        return real(model, x, keep_idx)
+
+    class RecordingStudent(torch.nn.Module):
+        def __init__(self, inner: torch.nn.Module):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x, keep_idx=None):
+            seen["student"].append(None if keep_idx is None else keep_idx.clone())
+            return self.inner(x, keep_idx=keep_idx)
+
+    monkeypatch.setattr(si, "forward_with_cls_attention", client_spy)
+    cfg = InversionConfig(iterations=6, lr=0.1, jitter=1, flip=False, keep="last", js_weight=1.0)
+    invert_sparse(
+        tiny_vit(0),
+        torch.tensor([0, 1]),
+        (3, 8, 8),
+        cfg,
+        StopSchedule(ratio=0.5, stop_at=(0.3,)),
+        student=RecordingStudent(tiny_vit(1)),
+        generator=torch.Generator().manual_seed(0),
+    )
+    assert len(seen["student"]) == len(seen["client"]) == 6
+    assert {c.shape[1] for c in seen["client"]} == {16, 8}  # a stop happened
+    for client_idx, student_idx in zip(seen["client"], seen["student"], strict=True):
+        assert student_idx is not None and torch.equal(student_idx, client_idx)
+
+
+def test_masked_low_density_input_shows_only_the_stopped_patches() -> None:
+    """``low_density_input: masked``: the model sees x_l, the image with every
+    patch but the low-density (stopped) ones zeroed (the paper's M ⊙ X)."""
+
+    class Pixels(torch.nn.Module):
+        def forward(self, x):
+            return x.flatten(1)
+
+    x = torch.arange(1, 1 + 3 * 8 * 8, dtype=torch.float32).view(1, 3, 8, 8)
+    low_idx = torch.tensor([[0, 5]])  # patch 0 = rows 0-1, cols 0-1; patch 5 = rows 2-3, cols 2-3
+    expected = torch.zeros_like(x)
+    expected[..., 0:2, 0:2] = x[..., 0:2, 0:2]
+    expected[..., 2:4, 2:4] = x[..., 2:4, 2:4]
+    masked = LOW_DENSITY_INPUTS.get("masked")
+    torch.testing.assert_close(masked(Pixels(), x, low_idx, (4, 4, 2, 2)), expected.flatten(1))
