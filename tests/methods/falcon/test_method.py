@@ -44,6 +44,24 @@ def generator(variant: str, length: int = V, cfg: GeneratorConfig = SMALL) -> Se
 
 
 # --------------------------------------------------------------------------- generator
+def test_tokens_are_standardised_per_position_and_dimension() -> None:
+    """The global token s^(0) and the region tokens have their own statistics:
+    each (position, dimension) gets its own mean and std, so every position of
+    the standardised training tokens has mean 0 and std 1 (one statistic
+    shared by the positions would shift each token's mixture by a
+    position-dependent constant), and unstandardise undoes it exactly."""
+    g = generator("mar")
+    torch.manual_seed(1)
+    offset = torch.arange(V, dtype=torch.float32)[None, :, None] * 10.0  # position-dependent
+    scale = torch.linspace(0.5, 3.0, V)[None, :, None]
+    tokens = torch.randn(64, V, D) * scale + offset
+    g.set_token_stats(tokens)
+    z = g.standardise(tokens)
+    torch.testing.assert_close(z.mean(0), torch.zeros(V, D), atol=1e-5, rtol=0)
+    torch.testing.assert_close(z.std(0, unbiased=False), torch.ones(V, D), atol=1e-5, rtol=0)
+    torch.testing.assert_close(g.unstandardise(z), tokens, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("variant", ["mar", "ar", "nar"])
 def test_generator_shapes_and_finite_values(variant: str) -> None:
     g = generator(variant)

@@ -365,6 +365,60 @@ def test_dense_synthesis_follows_its_loss_terms(task: Task, monkeypatch) -> None
     assert distance["on"] < distance["off"]
 
 
+class _Captured(Exception):
+    """Stops DENSE's server once its generator loss is in hand."""
+
+
+def test_dense_generator_loss_term_by_term(task: Task, monkeypatch) -> None:
+    """DENSE's generator loss (Zhang et al., NeurIPS 2022, Eq. 5-7; the
+    authors' ``helpers/synthesizers.py``) on a fixed batch, each term against
+    its definition: ``bn`` is the BN-statistics loss summed over every BN
+    layer of every client (``sum(h.r_feature for h in hooks)``), ``oh`` the
+    ensemble's CE, and ``adv`` the negative KL of the student from the
+    *ensemble* (the target), masked to the samples where their argmaxes
+    differ."""
+    torch.manual_seed(0)
+    x = task.x[:16].clone()
+    y = torch.randint(0, task.run.num_classes, (16,))
+    captured: dict[str, Any] = {}
+
+    def stop(side, cfg, batch_size, gen, loss_fn):
+        captured["terms"] = loss_fn(x, y)[1]  # while the server's BN hooks are in place
+        raise _Captured
+
+    calls: list[tuple] = []
+    real_adv = dense_module.adversarial_kl
+
+    def adv_spy(s, t, temperature, masked):
+        calls.append((s.detach().clone(), t.detach().clone(), temperature, masked))
+        return real_adv(s, t, temperature, masked=masked)
+
+    monkeypatch.setattr(dense_module, "synthesize_batch", stop)
+    monkeypatch.setattr(dense_module, "adversarial_kl", adv_spy)
+    weights = {"bn_weight": 0.7, "oh_weight": 1.3, "adv_weight": 0.9}
+    with pytest.raises(_Captured):
+        task.serve(task.method("dense", **{**BUDGETS["dense"], **weights}))
+    terms = captured["terms"]
+
+    ensemble = EnsembleTeacher(task.members)
+    with torch.no_grad():
+        t = ensemble(x)
+    per_layer_sum = 0.0
+    for m in task.members:
+        with BNStatsLoss([m]) as bn, bn.capture(), torch.no_grad():
+            m(x)
+            per_layer_sum += float(bn.value("sum"))
+    assert terms["bn"] == pytest.approx(0.7 * per_layer_sum, rel=1e-5)
+    assert terms["oh"] == pytest.approx(1.3 * float(F.cross_entropy(t, y)), rel=1e-5)
+    ((s, t_seen, temperature, masked),) = calls
+    torch.testing.assert_close(t_seen, t)  # the ensemble is the target, the student the other
+    assert masked is True
+    p_t, log_s = F.softmax(t / temperature, 1), F.log_softmax(s / temperature, 1)
+    kl = (p_t * (p_t.log() - log_s)).sum(1) * temperature**2
+    mask = (s.argmax(1) != t.argmax(1)).float()
+    assert terms["adv"] == pytest.approx(-0.9 * float((kl * mask).mean()), rel=1e-4, abs=1e-7)
+
+
 # --------------------------------------------------------------------------- Co-Boosting
 def test_coboosting_hard_sample_weight_by_hand() -> None:
     """Co-Boosting's hard-sample loss (Dai et al., ICLR 2024, Eq. 4 / the
