@@ -54,6 +54,19 @@ def test_feddc_server_update_by_hand(digits) -> None:
     torch.testing.assert_close(hist[f"history.feddc.drift.{k}"], torch.full_like(corr, 0.3))
 
 
+def test_feddc_second_round_averages_the_models_plus_their_accumulated_drift(digits) -> None:
+    """From round 2 on the server's average is of theta_k + h_k with h_k the
+    drift accumulated over the rounds (Gao et al., CVPR 2022, Alg. 1), not
+    this round's update: drifts 0.1 + 0.2 and 0.3 - 0.1, models w1 + 0.2 and
+    w1 - 0.1, so w2 = w1 + mean(0.5, 0.1) = w1 + 0.3 (this round's updates
+    alone would give w1 + 0.1)."""
+    _, _, method, _, s1, k = _feddc_after_one_round(digits)
+    s2 = method.aggregate(s1, fake_uploads(method, s1, {0: 0.2, 1: -0.1}, {0: 16, 1: 16}), 1)
+    torch.testing.assert_close(s2.model[k], s1.model[k] + 0.3, rtol=1e-5, atol=1e-6)
+    drift = method.audit_history(s2, 1, {"num_samples": 16})[f"history.feddc.drift.{k}"]
+    torch.testing.assert_close(drift, torch.full_like(drift, 0.2), rtol=1e-5, atol=1e-6)
+
+
 def test_feddc_audit_history_names_exactly_what_the_server_knows(digits) -> None:
     """RLU's h term for FedDC: the client's drift, and with the correction on
     and a sample count the correction, the global update and the client's

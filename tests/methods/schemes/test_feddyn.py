@@ -48,6 +48,13 @@ def test_feddyn_server_update_by_hand(digits) -> None:
         s1.clients[1]["grad"][k], torch.full_like(s0.model[k], -alpha * 0.3), rtol=1e-5, atol=1e-7
     )
     assert s1 is not s0 and float(s0.server["h"][k].abs().sum()) == 0.0  # old state untouched
+    # a second round: the server's record of grad_k accumulates (Alg. 1 l. 7),
+    # -alpha (0.3 + 0.2) for client 1; client 0, not sampled, keeps its own
+    s2 = method.aggregate(s1, fake_uploads(method, s1, {1: 0.2}, {1: 30}), 1)
+    torch.testing.assert_close(
+        s2.clients[1]["grad"][k], torch.full_like(s0.model[k], -alpha * 0.5), rtol=1e-5, atol=1e-7
+    )
+    torch.testing.assert_close(s2.clients[0]["grad"][k], s1.clients[0]["grad"][k])
 
 
 # --------------------------------------------------------------------------- by hand (one client, full-batch SGD)
