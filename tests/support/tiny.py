@@ -19,6 +19,7 @@ from osfl.assembly import SeedContext, build_federation, build_run, load_splits
 from osfl.config import load_config, method_config
 from osfl.data.federation import Federation
 from osfl.methods.falcon import FALCON
+from osfl.models import create_model
 
 TINY = [
     "data.image_size=8",
@@ -183,3 +184,19 @@ def close(ours: torch.Tensor, theirs: torch.Tensor, rel: float = 1e-9) -> None:
     np.testing.assert_allclose(
         ours.double().numpy(), theirs.double().numpy(), rtol=0, atol=rel * scale
     )
+
+
+def tiny_vit(seed: int = 0, **kwargs: object):
+    """FedMITR's tiny ViT: 8x8 images, 2-px patches -> 4x4 = 16 patches, 5 classes."""
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    return create_model(
+        "vit_tiny_patch2_16",
+        num_classes=5,
+        img_size=8,
+        in_chans=3,
+        depth=2,
+        embed_dim=16,
+        num_heads=2,
+        **kwargs,
+    ).eval()

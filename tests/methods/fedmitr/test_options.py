@@ -24,23 +24,7 @@ from osfl.methods.fedmitr import (
 )
 from osfl.methods.kd import InversionConfig
 from osfl.methods.kd.pixels import invert
-from osfl.models import create_model
-
-
-def tiny_vit(seed: int = 0, **kwargs: object):
-    torch.set_num_threads(1)
-    torch.manual_seed(seed)
-    # 8x8 images, 2-px patches -> 4x4 = 16 patches
-    return create_model(
-        "vit_tiny_patch2_16",
-        num_classes=5,
-        img_size=8,
-        in_chans=3,
-        depth=2,
-        embed_dim=16,
-        num_heads=2,
-        **kwargs,
-    ).eval()
+from support.tiny import tiny_vit
 
 
 # --------------------------------------------------------------------------- register tokens

@@ -27,22 +27,7 @@ from osfl.methods.fedmitr.relabel import LOW_DENSITY_INPUTS
 from osfl.methods.kd import DistillConfig, Distiller, EnsembleTeacher, InversionConfig, PoolBatch
 from osfl.methods.kd.pixels import Jitter
 from osfl.methods.kd.priors import kd_kl
-from osfl.models import create_model
-
-
-def tiny_vit(seed: int = 0):
-    torch.set_num_threads(1)
-    torch.manual_seed(seed)
-    # 8x8 images, 2-px patches -> 4x4 = 16 patches
-    return create_model(
-        "vit_tiny_patch2_16",
-        num_classes=5,
-        img_size=8,
-        in_chans=3,
-        depth=2,
-        embed_dim=16,
-        num_heads=2,
-    ).eval()
+from support.tiny import tiny_vit
 
 
 def test_sparse_forward_with_every_patch_equals_dense() -> None:
