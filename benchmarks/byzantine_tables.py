@@ -61,8 +61,9 @@ def tables(per: Mapping[tuple[str, Attack], dict[int, float]], baseline: str) ->
     """A summary (each defender's worst attack per setting, as the gap to the
     honest ``baseline`` seed by seed; ``own``: to the defender's own honest
     run) and one table per attacker setting."""
-    defenders = list(dict.fromkeys(d for d, _ in per))
-    seeds = sorted(per[(defenders[0], None)])
+    seeds = sorted(per[next(d for d, a in per if a is None), None])
+    # a defender run honest only (e.g. the baseline re-run beside a new rule) has no rows
+    defenders = list(dict.fromkeys(d for d, a in per if a is not None))
 
     def base(d: str) -> dict[int, float]:
         return per[(d if baseline == "own" else baseline, None)]

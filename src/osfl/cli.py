@@ -5,6 +5,8 @@
     osfl config show CONFIG.yaml [key=value ...]   # the resolved config, no run
     osfl partition --dataset digits --scheme dirichlet --alpha 0.1 --clients 5 --seed 0 --out p.json
     osfl list
+    osfl eval RUN_DIR [--data SPEC] [--method NAME]   # score the kept models again
+    osfl data get cifar10                     # download, check the MD5, print the data.source
 
 Each command group lives in its own module of :mod:`osfl.commands` (its
 ``cmd_*`` functions and its ``add_parser``); this module only puts the
@@ -24,7 +26,19 @@ import sys
 from collections.abc import Sequence
 
 from osfl import __version__
-from osfl.commands import audit, config, flower, listing, partition, pretrain, run, suite, table
+from osfl.commands import (
+    audit,
+    config,
+    data,
+    flower,
+    listing,
+    partition,
+    pretrain,
+    run,
+    suite,
+    table,
+)
+from osfl.commands import eval as eval_command  # not the builtin's name here
 from osfl.commands.common import VERBOSE_HELP, dispatch, new_console, setup_logging
 
 log = logging.getLogger("osfl.cli")
@@ -41,8 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_parser(sub)
     partition.add_parser(sub)
     listing.add_parser(sub)
+    data.add_parser(sub)
     table.add_parser(sub)
     audit.add_parser(sub)
+    eval_command.add_parser(sub)
     pretrain.add_parser(sub)
     suite.add_parser(sub, main)  # a suite step runs its command through main itself
     flower.add_parser(sub)

@@ -35,6 +35,7 @@ from osfl.fl.runtime.base import Job, Runtime
 from osfl.fl.runtime.simulation import SimulationRuntime
 from osfl.fl.runtime.train_only import train_only
 from osfl.fl.secagg_config import secure_refusal
+from osfl.kept_model import MODELS_DIR, keep_model
 from osfl.record import RunRecord
 from osfl.run_record import build_audit, run_record
 from osfl.rundir import EventObserver, RunDir
@@ -80,6 +81,12 @@ def state_dir(rundir: RunDir, name: str, seed: int, point: str) -> Path:
     return rundir.path / "state" / _slug(name, seed, point)
 
 
+def model_dir(rundir: RunDir, name: str, seed: int, point: str) -> Path:
+    """Where a finished job keeps its final server model (``models/<slug>``,
+    :mod:`osfl.kept_model`): what ``osfl eval`` scores again."""
+    return rundir.path / MODELS_DIR / _slug(name, seed, point)
+
+
 def run_observers(
     cfg: ExperimentConfig, job: Job, context: Mapping[str, Any], rundir: RunDir | None
 ) -> list[Observer]:
@@ -106,7 +113,9 @@ def run_method(
     on_round: OnRound | None = None,
 ) -> RunRecord:
     """Run one built job on ``runtime``; returns its metrics record.
-    ``on_round`` sees the rounds finished so far after every round."""
+    ``on_round`` sees the rounds finished so far after every round. With a
+    run directory, the job's final server model is kept in ``models/<slug>``
+    (:func:`model_dir`), which ``osfl eval`` scores again."""
     name, seed = job.method.name, job.seed
     context = run_context(name, seed, point)
     if rundir is not None and job.state_dir is None:  # saved every round; resumed from there
@@ -134,7 +143,8 @@ def run_method(
     record = run_record(cfg, job, result, ctx, context, counts)
     if audit is not None:  # privacy audit: scored on what the server saw
         record = record.replace(audit=audit.finish())
-    if rundir is not None:
+    if rundir is not None:  # before the record is saved: a resumed run keeps both or reruns
+        keep_model(model_dir(rundir, name, seed, context["point"]), cfg, job, result, record)
         keys = ("global_test_accuracy", "mean_client_accuracy", "bytes_up", "time_s")
         summary = {k: record[k] for k in (*keys, "trained_clients") if k in record}
         rundir.event("method_end", **context, **summary)

@@ -10,6 +10,8 @@ Layout (see ``docs/run-directory.md``)::
       partition*.png    the clients' class-count heat map(s)
       curves.png        accuracy per round (multi-round methods with eval_every)
       run.log           the log of the run (level INFO and above)
+      models/<slug>/    each job's final server model: state.safetensors,
+                        model.safetensors, card.json (``osfl eval`` scores it again)
 """
 
 from __future__ import annotations

@@ -7,7 +7,9 @@ trains. The directory is then made in one of three modes (``new``,
 ``overwrite``, ``resume``; :func:`osfl.rundir.prepare`), and ``metrics.json``
 is rewritten atomically after every finished record, so an interrupted or
 failed run keeps everything it finished and ``--resume DIR`` runs only the
-records that are missing (same config, or it refuses).
+records that are missing (same config, or it refuses). The trackers that
+``logger`` names (:mod:`osfl.trackers`) see every round and record as the run
+directory does, and the final table.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from osfl.fl.progress import Progress
 from osfl.privacy.audit import audit_markdown
 from osfl.record import RunRecord
 from osfl.rundir import RunDir
+from osfl.trackers import RunInfo, SummaryTable, TrackerGroup, check_installed, round_scalars
 
 
 @dataclass
@@ -90,10 +93,10 @@ def _stored_config(out: Path) -> str:
         raise ConfigError(f"--resume {out}: its config.yaml does not load ({e})") from e
 
 
-#: Config keys that change only what the terminal shows, never a number: a
+#: Config keys that change only where a run is shown, never a number: a
 #: resume may differ in them (``osfl run --resume DIR --no-progress`` of a run
-#: started with bars).
-DISPLAY_ONLY = ("progress",)
+#: started with bars, or with another ``logger``).
+DISPLAY_ONLY = ("progress", "logger")
 
 
 def _with_display_of(cfg: ExperimentConfig, stored: str) -> str:
@@ -151,6 +154,7 @@ def plan_points(
     """The resolved base config, the progress board (``make_board(config's
     progress)``) and every grid point's :class:`Plan`."""
     base = load_config(req.config, req.overrides)
+    check_installed(base.logger)  # a missing extra stops the run before anything loads
     progress = make_board(base.progress)
     sweeps = merge_sweeps(base.sweep, req.sweeps)
     points = expand_sweeps(sweeps)
@@ -194,22 +198,34 @@ def run(req: RunRequest, make_board: BoardFactory, announce: Announce = print) -
         "sweep": base.sweep,
     }
     t0 = time.perf_counter()
-    with RunDir(out, mode=req.mode) as rd, progress:
+    trackers = TrackerGroup(base.logger)
+    with RunDir(out, mode=req.mode) as rd, progress, trackers:
         if req.mode != "resume":
             rd.write_text("config.yaml", f"# {req.command}\n" + config_text)
         rd.event("run_start", config=config_label(req.config), points=len(plans))
         if skip:
             rd.event("run_resumed", finished=len(skip))
+        started = RunInfo(base.name, rd.path, req.command, info["config"], config_text)
+        trackers.start(started, resumed=req.mode == "resume")
 
         def keep(record: RunRecord) -> None:
             info.pop("in_progress", None)
             outcome.records.append(record)
             report.write_metrics(rd.path / "metrics.json", outcome.records, info=info)
+            trackers.log_record(record)
 
         def progress_of(context: Mapping[str, Any], rounds: list[dict[str, Any]]) -> None:
             # a multi-round method's rounds so far (not a record: --resume reruns it)
             info["in_progress"] = {**context, "rounds": rounds}
             report.write_metrics(rd.path / "metrics.json", outcome.records, info=info)
+            last = rounds[-1]
+            trackers.log_round(
+                str(context["method"]),
+                int(context["seed"]),
+                str(context["point"]),
+                int(last["round"]),
+                round_scalars(last),
+            )
 
         for point, plan in plans:
             if sweep_label(point):
@@ -220,13 +236,14 @@ def run(req: RunRequest, make_board: BoardFactory, announce: Announce = print) -
         outcome.wall_s = time.perf_counter() - t0
         info["wall_time_s"] = round(outcome.wall_s, 3)
         report.write_metrics(rd.path / "metrics.json", outcome.records, info=info)
-        write_summary(rd, outcome)
+        trackers.finish(write_summary(rd, outcome))
         rd.event("run_end", wall_time_s=round(outcome.wall_s, 3), records=len(outcome.records))
     return outcome
 
 
-def write_summary(rd: RunDir, outcome: RunOutcome) -> None:
-    """``summary.md`` (with the audit table when a run was audited) and ``curves.png``."""
+def write_summary(rd: RunDir, outcome: RunOutcome) -> SummaryTable:
+    """``summary.md`` (with the audit table when a run was audited) and
+    ``curves.png``; returns the summary for the trackers."""
     base, records = outcome.base, outcome.records
     notes = [
         f"data `{base.data.source}`, {base.partition.num_clients} clients, "
@@ -243,3 +260,5 @@ def write_summary(rd: RunDir, outcome: RunOutcome) -> None:
     rd.write_text("summary.md", summary)
     report.plot_curves(records, rd.path / "curves.png", link_mbps=base.link_mbps)
     report.plot_frontier(records, rd.path / "frontier.png")
+    columns, cells = report.table_rows(rows)
+    return SummaryTable(summary, columns, cells)

@@ -118,7 +118,8 @@ def site_server_job(
 ) -> Job:
     """The server's job: no client data; evaluation on ``server_test`` when
     given, else at the sites (the method must be able to release its model).
-    ``registry``: which node plays each site and its declared size."""
+    ``registry``: which node plays each site and its declared size (no
+    larger than ``server.max_num_samples``)."""
     run = assembly.method_run(cfg, name, site_run(cfg, seed, progress))
     method = assembly.build_method(cfg, name, run)
     evaluator: Any = None
@@ -134,7 +135,7 @@ def site_server_job(
     return Job(
         method=method,
         run=run,
-        clients=NoClientData(cfg.partition.num_clients, registry),
+        clients=NoClientData(cfg.partition.num_clients, registry, cfg.server.max_num_samples),
         seed=seed,
         evaluator=evaluator,
         eval_every=cfg.eval_every if server_test else 0,

@@ -46,7 +46,8 @@ def test_a_finished_run_directory_holds_what_the_docs_list_and_no_empty_state(tm
         "events.jsonl",
         "frontier.png",
         "metrics.json",
-        "partition-seed0-" + names[4].removeprefix("partition-seed0-"),
+        "models",
+        "partition-seed0-" + names[5].removeprefix("partition-seed0-"),
         "run.log",
         "summary.md",
     ]
@@ -54,6 +55,7 @@ def test_a_finished_run_directory_holds_what_the_docs_list_and_no_empty_state(tm
     for name in ("config.yaml", "events.jsonl", "frontier.png", "metrics.json", "run.log"):
         assert f"| `{name}` |" in documented
     assert "| `partition-seed<seed>-<key>.png` |" in documented
+    assert "| `models/` |" in documented
 
 
 def test_out_on_a_directory_of_other_files_asks_for_another_out(tmp_path, capsys) -> None:

@@ -325,3 +325,50 @@ def test_a_poisoned_member_is_refused_and_the_rest_still_predict(name: str, kind
     assert record.accepted == [1, 2]
     acc = result.metrics["global_test_accuracy"]
     assert math.isfinite(acc) and acc > 0.2  # chance is 0.1
+
+
+def _paper_dnc(updates: torch.Tensor, f: int, dims: list[torch.Tensor]) -> set[int]:
+    """Divide-and-Conquer as Algorithm 2 of Shejwalkar & Houmansadr (NDSS 2021)
+    states it, restated with the coordinate subsets given: the clients among
+    the n − f lowest scores of every iteration (an intersection)."""
+    good = set(range(updates.shape[0]))
+    for r in dims:
+        sub = updates[:, r]
+        mu = sub.mean(dim=0)
+        v = torch.linalg.svd(sub - mu, full_matrices=False)[2][0, :]
+        s = torch.tensor([float(torch.dot(u - mu, v)) ** 2 for u in sub])
+        good &= set(s.argsort()[: updates.shape[0] - f].tolist())
+    return good
+
+
+def test_dnc_drops_the_client_along_the_top_singular_direction() -> None:
+    """Four honest updates near (1, ..., 1) and one pushed far along one
+    coordinate: the centred updates' top singular vector points at it, its
+    score is the largest, and the honest clients' weighted mean remains."""
+    honest = [1.0, 1.2, 0.8, 1.1]
+    states = [{"w": torch.full((6,), v), "n": torch.tensor(0)} for v in honest]
+    states.append({"w": torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 40.0]), "n": torch.tensor(0)})
+    reference = {"w": torch.zeros(6), "n": torch.tensor(0)}
+    weights = [1.0, 2.0, 3.0, 4.0, 100.0]
+    out = aggregate_states(states, weights, ServerConfig(byzantine=1), rule="dnc", reference=reference)
+    want = sum(w * v for w, v in zip(weights[:4], honest, strict=True)) / sum(weights[:4])
+    assert torch.allclose(out["w"], torch.full((6,), want), atol=1e-6)
+
+
+def test_dnc_keeps_only_the_clients_kept_in_every_iteration() -> None:
+    """With 3 iterations on 4 random coordinates of 12, the kept set is the
+    paper's intersection over the same coordinate draws (a union, as a popular
+    re-implementation computes, keeps more)."""
+    from osfl.fl.aggregators import dnc_keep
+
+    gen = torch.Generator().manual_seed(3)
+    updates = torch.randn(6, 12, generator=gen, dtype=torch.float64)
+    updates[2, :6] += 4.0  # one outlier in the first half, another in the second
+    updates[4, 6:] += 4.0
+    draw = torch.Generator().manual_seed(0)
+    dims = [torch.randperm(12, generator=draw)[:4] for _ in range(3)]
+    got = dnc_keep(updates, 1, iterations=3, subsample=4)
+    assert set(got) == _paper_dnc(updates, 1, dims)
+    assert 2 not in got or 4 not in got
+    everything = dnc_keep(updates, 1, iterations=1, subsample=100)  # all coordinates
+    assert len(everything) == 5

@@ -14,6 +14,8 @@ LAYERS: list[tuple[str, int]] = [
     ("osfl.experiment", 8),
     ("osfl.run_record", 8),
     ("osfl.audit_dir", 8),
+    ("osfl.kept_model", 8),
+    ("osfl.trackers", 5),
     ("osfl.assembly", 7),
     ("osfl.site_assembly", 7),
     ("osfl.methods", 6),

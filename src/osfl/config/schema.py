@@ -18,6 +18,7 @@ from osfl.errors import ConfigError
 from osfl.fl.secagg_config import SecAggPlusConfig
 from osfl.fl.server_config import ServerConfig
 from osfl.fl.train_config import TrainConfig
+from osfl.trackers import TRACKERS
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,10 @@ class ExperimentConfig:
     checkpoint_every: int = 0
     scale: str = "cpu"
     progress: bool = True
+    #: Experiment trackers that also receive the per-round metrics and the final
+    #: table (osfl.trackers; docs/trackers.md): tensorboard, wandb, mlflow, each an
+    #: optional extra (pip install "osfl[tensorboard]"); empty = none.
+    logger: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.seeds:
@@ -195,6 +200,7 @@ class ExperimentConfig:
                 f"partition.num_clients must be >= 1, got {self.partition.num_clients}"
             )
         self._check_train_clients()
+        self._check_logger()
         if self.checkpoint_every < 0:
             raise ConfigError(
                 f"checkpoint_every must be >= 0 (0 = never), got {self.checkpoint_every}"
@@ -221,6 +227,16 @@ class ExperimentConfig:
         for key, (value, valid) in choices.items():
             if value.split(":")[0] not in valid:
                 raise ConfigError(f"{key}={value!r} is not valid; choose one of {', '.join(valid)}")
+
+    def _check_logger(self) -> None:
+        """Registered tracker names, each once (whether its package is
+        installed is checked when a run starts: a config stays loadable without it)."""
+        for name in self.logger:
+            TRACKERS.get(name)  # an unknown name: a ConfigError listing the valid ones
+        names = [n.lower() for n in self.logger]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ConfigError(f"logger names {', '.join(twice)} more than once")
 
     def _check_train_clients(self) -> None:
         """Client ids in the federation, a cache to train into, the simulation."""

@@ -29,6 +29,17 @@ raising on states that passed validation:
   times; τ = ``clip_norm``, or the median of the clients' initial distances
   ‖x_i − v₀‖. As in the paper each client counts 1/n, whatever its data size:
   a poisoned client moves the centre by at most τ/n per step.
+- ``dnc``: Divide-and-Conquer (Shejwalkar, Houmansadr, "Manipulating the
+  Byzantine: Optimizing Model Poisoning Attacks and Defenses for Federated
+  Learning", NDSS 2021, Alg. 2), a spectral filter meant to keep working
+  where clients differ: ``niters`` = 5 times, on ``b`` = 10,000 randomly
+  chosen coordinates of the updates, score each client by its squared
+  projection on the top singular vector of the centred updates and keep the
+  n − c·f lowest (c = 1, f = ``byzantine``); the clients kept every time are
+  averaged (weighted by data size, like Multi-Krum). The coordinates come
+  from a generator seeded with 0 on every call (the paper draws them afresh:
+  here a re-run gives the same model); if no client is kept every time, the
+  n − f with the lowest summed score are (the paper does not say; logged).
 
 Integer buffers (BatchNorm's ``num_batches_tracked``) always take the
 weighted mean, rounded.
@@ -248,6 +259,54 @@ def _centered_clip(states, weights, reference, params) -> StateDict:
         out[name] = (ref + part).to(states[0][name].dtype)
         offset += ref.numel()
     return out
+
+
+#: Divide-and-Conquer's defaults (NDSS 2021, §VI-B): iterations, subsampled
+#: coordinates per iteration, and the filtering fraction c.
+DNC_ITERATIONS, DNC_SUBSAMPLE, DNC_FILTER = 5, 10_000, 1.0
+
+
+def dnc_keep(
+    updates: torch.Tensor,
+    f: int,
+    *,
+    iterations: int = DNC_ITERATIONS,
+    subsample: int = DNC_SUBSAMPLE,
+    seed: int = 0,
+) -> list[int]:
+    """The positions Divide-and-Conquer keeps: those among the n − c·f lowest
+    outlier scores in every iteration (the scores: the centred updates'
+    squared projections on their top right singular vector)."""
+    n, d = updates.shape
+    keep = max(1, n - math.floor(DNC_FILTER * f))
+    gen = torch.Generator().manual_seed(seed)
+    kept: set[int] | None = None
+    total = torch.zeros(n, dtype=torch.float64)
+    for _ in range(iterations):
+        dims = torch.randperm(d, generator=gen)[:subsample] if d > subsample else slice(None)
+        sub = updates[:, dims]
+        centred = sub - sub.mean(dim=0)
+        top = torch.linalg.svd(centred, full_matrices=False).Vh[0]
+        scores = (centred @ top).pow(2)
+        total += scores
+        good = set(torch.argsort(scores, stable=True)[:keep].tolist())
+        kept = good if kept is None else kept & good
+    if not kept:
+        log.warning(
+            "dnc: no client kept in all %d iterations; keeping the %d lowest summed scores",
+            iterations,
+            keep,
+        )
+        kept = set(torch.argsort(total, stable=True)[:keep].tolist())
+    return sorted(kept)
+
+
+@AGGREGATORS.register("dnc")
+def _dnc(states, weights, reference, params) -> StateDict:
+    _, updates = _updates(states, reference)
+    chosen = dnc_keep(updates, params.byzantine)
+    log.debug("dnc: kept clients at positions %s of %d", chosen, len(states))
+    return weighted_mean([states[i] for i in chosen], [weights[i] for i in chosen])
 
 
 def aggregate_states(

@@ -6,6 +6,8 @@ lives here; nothing in :mod:`osfl.fl` imports it.
 - :mod:`.records`: osfl's safetensors messages inside Flower records;
 - :mod:`.spec`: the :class:`~osfl.flower.spec.JobSpec` both sides build a job from;
 - :mod:`.client`: the ClientApp (``make_client_app``);
+- :mod:`.discovery`, :mod:`.claims`: before round 0, which node plays which
+  client (a site registry, run config ``keep-node``; never the first answer);
 - :mod:`.grid`: the round loop's transport over a ServerApp's ``Grid``
   (:class:`~osfl.flower.grid.FlowerGridRuntime`);
 - :mod:`.secagg_client`, :mod:`.secagg_server`: the SecAgg+ transport;

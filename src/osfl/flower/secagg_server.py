@@ -76,7 +76,8 @@ from osfl.fl.secagg_config import (
     secure_refusal,
 )
 from osfl.fl.upload import Upload
-from osfl.flower.grid import FlowerGridRuntime, GridTransport, RemoteNodes, discover_clients
+from osfl.flower.discovery import Bindings, discover
+from osfl.flower.grid import FlowerGridRuntime, GridTransport, RemoteNodes, with_discovery_notes
 from osfl.flower.secagg_replies import ProtocolGrid, vector_problem
 
 __all__ = [
@@ -89,9 +90,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-#: Why a sampled client without a SuperNode is out of the round (as the plain transport says).
-NO_NODE = "no SuperNode connected"
 
 
 @dataclass
@@ -180,12 +178,13 @@ class SecAggPlusTransport(RemoteNodes):
         weighting: str = "data_size",
         *,
         num_classes: int,
+        absent: Mapping[int, str] | None = None,
     ):
         self.grid, self.nodes, self.digest = grid, dict(nodes), digest
         self.config, self.timeout = config, timeout
         self.weighting = SECURE_WEIGHTINGS.get(weighting)
         self.weighting_name = weighting
-        self.plain = GridTransport(grid, self.nodes, digest, timeout, num_classes)
+        self.plain = GridTransport(grid, self.nodes, digest, timeout, num_classes, absent)
         self.history: list[SecureRound] = []
 
     # --- the Transport protocol ----------------------------------------------------
@@ -248,7 +247,7 @@ class SecAggPlusTransport(RemoteNodes):
                 f"round {round}: SecAgg+ needs at least 2 clients in a round, got "
                 f"{len(clients)} (the 'sum' of one client is its upload)"
             )
-        unreachable = {c: NO_NODE for c in clients if c not in self.nodes}
+        unreachable = {c: self.plain.no_node(c) for c in clients if c not in self.nodes}
         reachable = [c for c in clients if c in self.nodes]
         if len(reachable) < 2:
             raise UploadError(
@@ -367,12 +366,14 @@ def execute_secure(
     round_timeout: float = 600.0,
     node_timeout: float = 120.0,
     threads: int | None = None,
+    bindings: Bindings = (),
 ) -> RunResult:
     """``FlowerGridRuntime.execute`` under SecAgg+: refuse what cannot run
     (:func:`~osfl.fl.secagg_config.secure_refusal`; ``weighting``: the
     method's ``secure_weighting``), discover the nodes, run the round loop
     over :class:`SecAggPlusTransport`. ``digest`` is the one the nodes must
-    have built (default: this job's)."""
+    have built (default: this job's); ``bindings``: which node plays which
+    site besides the job's registry (:func:`osfl.flower.discovery.discover`)."""
     job.method.check()
     why = secure_refusal(job.method.name, weighting, job.run.server)
     if why is not None:
@@ -387,11 +388,19 @@ def execute_secure(
         job.num_clients,
         digest,
     )
-    nodes = discover_clients(grid, job, digest, node_timeout)
+    found = discover(grid, job, digest, node_timeout, bindings)
     transport = SecAggPlusTransport(
-        grid, nodes, digest, config, round_timeout, weighting, num_classes=job.run.num_classes
+        grid,
+        found.nodes,
+        digest,
+        config,
+        round_timeout,
+        weighting,
+        num_classes=job.run.num_classes,
+        absent=found.absent,
     )
-    return RoundLoop(job, transport, observers, threads=threads).execute()
+    result = RoundLoop(job, transport, observers, threads=threads).execute()
+    return with_discovery_notes(result, found)
 
 
 class SecureGridRuntime(FlowerGridRuntime):
@@ -415,6 +424,7 @@ class SecureGridRuntime(FlowerGridRuntime):
             round_timeout=self.round_timeout,
             node_timeout=self.node_timeout,
             threads=self.threads,
+            bindings=self.bindings,
         )
 
 

@@ -28,6 +28,12 @@ Run-config keys (Flower's kebab-case; all optional):
 ``server-test``     a data source the server evaluates on (``sites`` only;
                     ``""``: the sites evaluate the final model themselves)
 ``resume``          ``true``: continue the unfinished run in ``out-dir``
+``site-registry``   the server's site registry, a JSON file: which node id
+                    plays each partition id, and each site's declared size
+                    (sites and rehearsals alike; docs/flower-security.md)
+``keep-node``       ``"<partition-id>=<node id> ..."``: the node that plays
+                    a partition id, where no registry says it (two nodes
+                    claiming one partition id otherwise stop the run)
 ==================  ==========================================================
 
 Node-config keys a SuperNode of a ``sites`` run reads: ``partition-id`` (its
@@ -50,7 +56,16 @@ from osfl.errors import ConfigError
 from osfl.fl.runtime.base import Job
 from osfl.fl.runtime.identity import job_digest, job_parts, parts_mismatch
 
-__all__ = ["JOBS", "JobBuilder", "JobCache", "JobSpec", "job_digest", "job_parts", "parts_mismatch"]
+__all__ = [
+    "JOBS",
+    "JobBuilder",
+    "JobCache",
+    "JobSpec",
+    "job_digest",
+    "job_parts",
+    "parse_keep_nodes",
+    "parts_mismatch",
+]
 
 
 @dataclass(frozen=True)
@@ -72,6 +87,8 @@ class JobSpec:
     #: the ServerApp's site registry (a JSON file on the server's host:
     #: partition id -> registered node id and declared size; real sites)
     site_registry: str = ""
+    #: run config ``keep-node``: (partition id, node id) pairs the operator bound
+    keep_nodes: tuple[tuple[int, int], ...] = ()
     #: a site's id and own data specs (``partition-id``, ``data``, ``test-data``)
     node: tuple[tuple[str, str], ...] = ()
 
@@ -105,6 +122,7 @@ class JobSpec:
             server_test=get("server-test", str, ""),
             resume=get("resume", bool, False),
             site_registry=get("site-registry", str, ""),
+            keep_nodes=parse_keep_nodes(get("keep-node", str, "")),
         )
 
     def with_node(self, node_config: Mapping[str, Any]) -> JobSpec:
@@ -132,7 +150,33 @@ class JobSpec:
             "server-test": self.server_test,
             "resume": bool(self.resume),
             "site-registry": self.site_registry,
+            "keep-node": " ".join(f"{pid}={node}" for pid, node in self.keep_nodes),
         }
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` also takes superscripts)."""
+    return text.isascii() and text.isdigit()
+
+
+def parse_keep_nodes(text: str) -> tuple[tuple[int, int], ...]:
+    """Run config ``keep-node`` (``"1=5512046195451640853 2=..."``) as
+    ``(partition id, node id)`` pairs; each partition id and node id once."""
+    pairs: list[tuple[int, int]] = []
+    for item in text.split():
+        pid, sep, node = item.partition("=")
+        if not (sep and _digits(pid) and _digits(node)):
+            raise ConfigError(
+                f"run config 'keep-node': {item[:40]!r} is not <partition-id>=<node id> "
+                "(both non-negative integers)"
+            )
+        pairs.append((int(pid), int(node)))
+    for i, what in ((0, "partition-id"), (1, "node id")):
+        values = [p[i] for p in pairs]
+        twice = sorted({v for v in values if values.count(v) > 1})
+        if twice:
+            raise ConfigError(f"run config 'keep-node' names {what} {twice[0]} twice")
+    return tuple(sorted(pairs))
 
 
 #: The node-config keys that name a site's own data (see the module docstring).

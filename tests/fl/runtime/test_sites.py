@@ -190,11 +190,12 @@ def _train_size(sites: Path, name: str) -> int:
     return len(list((sites / name / "train").rglob("*.png")))
 
 
-def test_a_node_claiming_another_sites_partition_id_is_refused(sites, tmp_path, caplog) -> None:
+def test_a_node_claiming_another_sites_partition_id_is_refused(sites, tmp_path) -> None:
     """Four nodes, the second an impostor that claims partition-id 1 and
     answers before the real site 1. With a site registry (partition id ->
-    registered node id) it is refused and logged, and the run equals the
-    three honest sites' run; without one it would have taken site 1's place."""
+    registered node id) it is refused and named in the record, and the run
+    equals the three honest sites' run; without one the run stops naming
+    both nodes (the first answer never wins)."""
     data = ["site0", "server", "site1", "site2"]  # node 1: another's data, claims site 1
     nodes = [{"data": f"imagefolder:{sites / d}"} for d in data]
     nodes[1]["partition-id"], nodes[2]["partition-id"], nodes[3]["partition-id"] = 1, 1, 2
@@ -217,16 +218,18 @@ def test_a_node_claiming_another_sites_partition_id_is_refused(sites, tmp_path, 
         with loopback_identity():
             return serve_experiment(grid, spec)[1]
 
-    with caplog.at_level("ERROR"):
-        guarded = run(_registry(tmp_path / "reg.json", sizes, real), "guarded")
-    assert f"node {FIRST_NODE_ID + 1} claims partition-id 1, which is registered to node" in (
-        caplog.text
-    )
+    guarded = run(_registry(tmp_path / "reg.json", sizes, real), "guarded")
+    assert (
+        f"discovery: node {FIRST_NODE_ID + 1} claims partition-id 1, which the site registry "
+        f"gives node {FIRST_NODE_ID + 2}: refused as an impostor"
+    ) in guarded["warnings"]
     honest = serve(sites, tmp_path / "honest", ["site0", "site1", "site2"])
     assert guarded["global_test_accuracy"] == honest["global_test_accuracy"]
     assert guarded["bytes_up"] == honest["bytes_up"]
-    unguarded = run("", "unguarded")  # first answer wins: the impostor plays site 1
-    assert unguarded["global_test_accuracy"] != honest["global_test_accuracy"]
+    with pytest.raises(
+        ConfigError, match=f"nodes {FIRST_NODE_ID + 1} and {FIRST_NODE_ID + 2} both"
+    ):
+        run("", "unguarded")
 
 
 def test_a_site_is_held_to_the_size_it_declared(sites, tmp_path) -> None:
@@ -263,3 +266,23 @@ def test_a_site_registry_is_checked(tmp_path) -> None:
         SiteRegistry([Site(0, 5, 10), Site(1, 5, 10)])
     data = NoClientData(2, two)
     assert (data.size(1), data.node_id(1), data.node_id(7)) == (10, 6, None)
+    # a declared size cannot lift server.max_num_samples (10^18 was accepted before)
+    huge = SiteRegistry([Site(0, 5, 10**18), Site(1, 6, 10)])
+    with pytest.raises(ConfigError, match=r"10{18} samples for site 0, more than server"):
+        NoClientData(2, huge, max_num_samples=10_000_000)
+    assert huge.node_ids() == {0: 5, 1: 6}
+
+
+def test_a_sites_server_bounds_the_registry_by_max_num_samples(sites, tmp_path) -> None:
+    """The ServerApp of a sites run refuses, before any site trains, a
+    registry whose declared size exceeds ``server.max_num_samples``."""
+    sizes = {0: 10**18, 1: 5, 2: 5}
+    nodes = {c: FIRST_NODE_ID + c for c in range(3)}
+    with pytest.raises(ConfigError, match=r"more than server\.max_num_samples=10000000"):
+        serve(
+            sites,
+            tmp_path,
+            ["site0", "site1", "site2"],
+            site_registry=_registry(tmp_path / "reg.json", sizes, nodes),
+        )
+    assert not (tmp_path / "run").exists()

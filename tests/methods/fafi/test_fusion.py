@@ -10,6 +10,7 @@ from torch import nn
 
 from osfl.errors import ConfigError
 from osfl.methods.fafi.fusion import (
+    MEDIAN_MIN_HOLDERS,
     IFFIPredictor,
     NoiseSpec,
     draw_noise,
@@ -17,6 +18,8 @@ from osfl.methods.fafi.fusion import (
     global_prototypes,
     iffi_weights,
     median_prototypes,
+    unprotected_classes,
+    warn_unprotected,
 )
 
 
@@ -148,8 +151,9 @@ def test_median_fusion_resists_one_hostile_extractor() -> None:
     honest.append(_linear([[0.9, 0.1], [0.0, 1.0]]))
     hostile = _linear([[-100.0, 0.0], [0.0, 100.0]])
     protos = [torch.tensor([[1.0, 0.0], [0.0, 1.0]])] * 3 + [torch.tensor([[1.0, 0.0], [0, 50]])]
+    counts = torch.ones(4, 2, dtype=torch.long)  # everyone holds both classes
     x = torch.tensor([[[[1.0, 0.1]]]])  # class 0 for every honest extractor
-    median = IFFIPredictor([*honest, hostile], median_prototypes(protos), fusion="median")
+    median = IFFIPredictor([*honest, hostile], median_prototypes(protos, counts), fusion="median")
     mean = IFFIPredictor([*honest, hostile], global_prototypes(protos), fusion="average")
     assert median(x).argmax(1).item() == 0 and mean(x).argmax(1).item() == 1
     fused = median.fused_features(x)[0]
@@ -157,42 +161,58 @@ def test_median_fusion_resists_one_hostile_extractor() -> None:
     assert bool((fused >= honest_feats.min(0).values).all() and (fused <= 100).all())
 
 
-def test_median_prototypes_skip_classes_a_client_lacks() -> None:
-    a = torch.tensor([[1.0, 2.0], [0.0, 0.0]])  # client a holds class 0 only
-    b = torch.tensor([[3.0, 4.0], [5.0, 6.0]])
-    c = torch.tensor([[2.0, 0.0], [0.0, 0.0]])
-    p = median_prototypes([a, b, c])
-    assert torch.equal(p, torch.tensor([[2.0, 2.0], [5.0, 6.0]]))
-    assert torch.equal(median_prototypes([torch.zeros(1, 2)] * 2), torch.zeros(1, 2))
+def test_median_prototypes_count_holders_by_class_counts_not_by_non_zero_rows() -> None:
+    """Learned prototypes: every client sends a non-zero, trained row for every
+    class, so only the uploaded class counts say who holds a class. Class 0:
+    clients a and c hold it, so its row is their mean (b's row, trained only
+    as a negative, is left out); class 1: a, b, c all hold it -> the median."""
+    a = torch.tensor([[1.0, 2.0], [7.0, 0.0]])
+    b = torch.tensor([[-9.0, -9.0], [5.0, 6.0]])  # b never saw class 0
+    c = torch.tensor([[3.0, 0.0], [1.0, 4.0]])
+    counts = torch.tensor([[4, 1], [0, 9], [2, 3]])
+    p = median_prototypes([a, b, c], counts)
+    assert torch.equal(p, torch.tensor([[2.0, 1.0], [5.0, 4.0]]))
+    assert torch.equal(
+        median_prototypes([torch.ones(1, 2)] * 2, torch.zeros(2, 1)), torch.zeros(1, 2)
+    )
+    with pytest.raises(ValueError, match="do not match"):
+        median_prototypes([a, b, c], counts[:2])
 
 
-def test_median_prototypes_resist_an_attacker_only_where_three_clients_hold_the_class(
-    caplog,
-) -> None:
-    """An attacker that sends a boosted, flipped row for every class. Class 0
-    has two honest holders (three rows with the attacker's): the median stays
-    among the honest rows. Class 1 has one honest holder (two rows): a median
-    of two is their mean, so the row is the holders' mean, flipped, and the
-    warning names that class alone; the code's claim is only for the first."""
-    from osfl.methods.fafi.fusion import MEDIAN_MIN_HOLDERS
-
+def test_median_prototypes_resist_an_attacker_only_where_three_clients_hold_the_class() -> None:
+    """Learned prototypes (every row non-zero) and an attacker that sends a
+    boosted, flipped row for every class and claims both. Class 0 has two
+    honest holders (three holders with the attacker): the median stays among
+    the honest rows. Class 1 has one honest holder (two holders): a median of
+    two is their mean, so the row is the holders' mean, flipped, and only
+    class 1 is unprotected."""
     assert MEDIAN_MIN_HOLDERS == 3
-    honest_a = torch.tensor([[1.0, 0.2], [0.0, 0.0]])
+    honest_a = torch.tensor([[1.0, 0.2], [0.5, 0.5]])
+    bystander = torch.tensor([[0.4, 0.4], [-20.0, 20.0]])  # trained on neither class's data
     honest_b = torch.tensor([[0.8, 0.1], [0.3, 1.0]])
     attacker = torch.tensor([[-10.0, -2.0], [-3.0, -10.0]])
-    with caplog.at_level("WARNING", logger="osfl.methods.fafi.fusion"):
-        p = median_prototypes([honest_a, torch.zeros(2, 2), honest_b, attacker])
+    counts = torch.tensor([[5, 0], [0, 0], [2, 7], [3, 3]])
+    p = median_prototypes([honest_a, bystander, honest_b, attacker], counts)
     assert torch.equal(p[0], torch.tensor([0.8, 0.1]))  # the middle of three rows
     torch.testing.assert_close(p[1], (honest_b[1] + attacker[1]) / 2)
     assert float(torch.nn.functional.cosine_similarity(p[1], honest_b[1], dim=0)) < -0.99
-    assert "classes [1] have fewer than 3 holders" in caplog.text
+    assert unprotected_classes(counts) == [1]
 
 
-def test_median_prototypes_of_three_or_more_holders_are_medians_without_a_warning(
-    caplog,
-) -> None:
+def test_median_prototypes_of_three_or_more_holders_are_medians() -> None:
     rows = [torch.tensor([[float(v), 1.0]]) for v in (1, 2, 9)]
+    counts = torch.ones(3, 1, dtype=torch.long)
+    assert torch.equal(median_prototypes(rows, counts), torch.tensor([[2.0, 1.0]]))
+    assert torch.equal(median_prototypes(rows[:2], counts[:2]), torch.tensor([[1.5, 1.0]]))
+
+
+def test_warn_unprotected_names_the_classes_with_one_or_two_holders(caplog) -> None:
+    """The warning the server logs while it aggregates (so the run's record
+    keeps it): classes held by one or two clients; none for three holders or
+    for a class nobody holds."""
+    counts = torch.tensor([[1, 1, 0, 1], [0, 1, 0, 1], [0, 0, 0, 1]])
     with caplog.at_level("WARNING", logger="osfl.methods.fafi.fusion"):
-        assert torch.equal(median_prototypes(rows), torch.tensor([[2.0, 1.0]]))
-        assert torch.equal(median_prototypes(rows[:2]), torch.tensor([[1.5, 1.0]]))
+        assert warn_unprotected(counts) == [0, 1]
+        assert warn_unprotected(counts[:, 3:]) == []
     assert caplog.text.count("fewer than 3 holders") == 1
+    assert "classes [0, 1] have fewer than 3 holders" in caplog.text

@@ -4,6 +4,8 @@ choice, bad uploads, a single-class client and the report."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -29,6 +31,7 @@ from osfl.methods.falcon import (
     synthetic_counts,
     teacher_probs,
 )
+from osfl.methods.falcon import method as falcon_method
 from osfl.methods.falcon.generator import sample_gmm
 from osfl.methods.falcon.upload import candidate_sizes, choose_form, sequence_key
 from osfl.methods.frozen import FitConfig, fit
@@ -153,6 +156,41 @@ def test_nll_decreases_on_a_toy_set() -> None:
     assert losses[-1] < losses[0] - 0.5 * V * D
     with torch.no_grad():
         assert float(g.nll(y, s).mean()) < before - 0.5 * V * D
+
+
+def test_generator_loss_is_the_nll_averaged_over_positions_by_hand(tiny, monkeypatch) -> None:
+    """The generator's training loss is the per-token NLL averaged over
+    samples *and* positions: the authors' ``MDNGenerator.nll_loss``
+    (``-log_mix.mean()`` over (B, L)), i.e. Eq. 5 / V. One component N(0, I)
+    at every position and token s[b, t] = (t + b)·1 in D = 6 dimensions: a
+    token's NLL is ½(6 (t + b)² + 6 log 2π); over b ∈ {0, 1}, t ∈ 0..4 the
+    squares average 8.5, so the loss is ½·6·8.5 + 3 log 2π, and the sum over
+    positions (the per-sample NLL) is V = 5 times that. The method trains
+    with this loss, so the authors' clip of 2.0 sees their gradient scale."""
+    g = generator("mar")
+    zeros = torch.zeros(2, V, 1, D)
+    monkeypatch.setattr(g, "params", lambda y, s: (zeros[..., 0, :1], zeros, zeros))
+    y = torch.tensor([0, 1])
+    s = (torch.arange(V)[None, :] + torch.arange(2)[:, None]).float()[..., None].expand(2, V, D)
+    want = 0.5 * 6 * 8.5 + 3 * math.log(2 * math.pi)
+    torch.testing.assert_close(g.loss(y, s), torch.tensor(want), rtol=1e-6, atol=0)
+    torch.testing.assert_close(g.nll(y, s).mean(), torch.tensor(V * want), rtol=1e-6, atol=0)
+    seen = []
+    real_fit = falcon_method.fit
+    monkeypatch.setattr(
+        falcon_method, "fit", lambda *a, **k: seen.append(a[2]) or real_fit(*a, **k)
+    )
+    ctx = seed_ctx(tiny)
+    m = falcon(ctx)
+    tokens, labels = torch.randn(8, m.sequence_length(), m.token_dim()), torch.arange(8) % C
+    trained = m.train_generator(ClientContext(ctx.run, 0, 0, torch.Generator()), tokens, labels, {})
+    (loss_fn,) = seen
+    with torch.no_grad():
+        torch.testing.assert_close(loss_fn(trained, tokens, labels), trained.loss(labels, tokens))
+        v = m.sequence_length()
+        torch.testing.assert_close(
+            v * loss_fn(trained, tokens, labels), trained.nll(labels, tokens).mean()
+        )
 
 
 def test_mdn_head_splits_its_output_as_pi_then_means_then_log_variances() -> None:

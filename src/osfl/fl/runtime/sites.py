@@ -13,7 +13,9 @@ In a rehearsal every party builds the whole federation from one data set
   ``site-registry``), which authenticated node plays which site and how many
   samples each declared at the start: a node claiming another site's
   partition id is refused, and ``meta.num_samples`` is bounded by the site's
-  declared size (without a registry, by ``server.max_num_samples``);
+  declared size (without a registry, by ``server.max_num_samples``, which
+  also bounds every declared size: a registry cannot lift the server's
+  limit). A rehearsal's server reads the registry too, for the node ids;
 - without a server test set the sites evaluate the released final model on
   their own test sets and report counts (:class:`SiteScore`), which
   :func:`merge_site_scores` adds up into the federation's accuracy.
@@ -98,14 +100,31 @@ class SiteRegistry:
             ]
         )
 
-    def check(self, num_clients: int) -> None:
-        """Every site of the federation is registered, and no other."""
+    def check(self, num_clients: int, max_num_samples: int | None = None) -> None:
+        """Every site of the federation is registered, and no other; no site
+        declares more than ``max_num_samples`` (``server.max_num_samples``:
+        the operator's file must not lift the server's own bound)."""
         want = set(range(num_clients))
         if set(self.by_client) != want:
+            listed = sorted(self.by_client)
+            shown = f"{listed[:8]}{' ...' if len(listed) > 8 else ''}"
             raise ConfigError(
-                f"the site registry lists partition ids {sorted(self.by_client)}; the run has "
+                f"the site registry lists partition ids {shown}; the run has "
                 f"{num_clients} sites (0..{num_clients - 1}): register each site once"
             )
+        if max_num_samples is None:
+            return
+        over = [s for _, s in sorted(self.by_client.items()) if s.num_samples > max_num_samples]
+        if over:
+            raise ConfigError(
+                f"the site registry declares {over[0].num_samples} samples for site "
+                f"{over[0].partition_id}, more than server.max_num_samples={max_num_samples}: "
+                "correct the registry, or raise server.max_num_samples"
+            )
+
+    def node_ids(self) -> dict[int, int]:
+        """Partition id -> the node registered to play it."""
+        return {c: s.node_id for c, s in self.by_client.items()}
 
 
 class NoClientData:
@@ -114,11 +133,16 @@ class NoClientData:
 
     holds_data = False
 
-    def __init__(self, num_clients: int, registry: SiteRegistry | None = None):
+    def __init__(
+        self,
+        num_clients: int,
+        registry: SiteRegistry | None = None,
+        max_num_samples: int | None = None,
+    ):
         if num_clients < 1:
             raise ConfigError(f"a federation needs at least one site, got {num_clients}")
         if registry is not None:
-            registry.check(num_clients)
+            registry.check(num_clients, max_num_samples)
         self.num_clients, self.registry = num_clients, registry
 
     def size(self, client: int) -> int | None:

@@ -30,6 +30,7 @@ from osfl.experiment import Plan, execute_plan, plan_experiment
 from osfl.fl.observers import Observer
 from osfl.fl.runtime.base import RunResult
 from osfl.fl.runtime.sites import SiteRegistry
+from osfl.flower.claims import KEEP_NODE, REGISTRY
 from osfl.flower.client import make_client_app
 from osfl.flower.grid import make_server_app
 from osfl.flower.secagg_client import add_secure_train
@@ -71,12 +72,17 @@ def serve_experiment(
     out = Path(spec.out_dir) if spec.out_dir else RunDir.default_path(f"{cfg.name}-flower")
     config_text = f"# osfl Flower run: method {name}, seed {seed}\n" + to_yaml(cfg)
     _check_out_dir(out, config_text, resume=spec.resume)
+    registry = _registry(spec, cfg)
     runtime = grid_runtime(
-        grid, cfg.secagg, round_timeout=spec.round_timeout, node_timeout=spec.node_timeout
+        grid,
+        cfg.secagg,
+        round_timeout=spec.round_timeout,
+        node_timeout=spec.node_timeout,
+        bindings=_bindings(spec, registry),
     )
     # data (none at real sites), job and its checks: before any client trains
     plan = (
-        _site_plan(cfg, name, seed, spec, runtime)
+        _site_plan(cfg, name, seed, spec, runtime, registry)
         if spec.sites
         else plan_experiment(cfg, runtime=runtime)
     )
@@ -154,11 +160,30 @@ def _check_out_dir(out: Path, config_text: str, *, resume: bool) -> None:
             raise ConfigError(f"resume: the run in {out} has finished; nothing to resume")
 
 
-def _site_plan(cfg: Any, name: str, seed: int, spec: JobSpec, runtime: Any) -> Plan:
+def _registry(spec: JobSpec, cfg: Any) -> SiteRegistry | None:
+    """The site registry of run config ``site-registry``, checked against the
+    run: every site once, no declared size above ``server.max_num_samples``.
+    Read in a rehearsal too: its node ids bind the nodes there as well."""
+    if not spec.site_registry:
+        return None
+    registry = SiteRegistry.from_file(spec.site_registry)
+    registry.check(cfg.partition.num_clients, cfg.server.max_num_samples)
+    return registry
+
+
+def _bindings(spec: JobSpec, registry: SiteRegistry | None) -> list[tuple[str, dict[int, int]]]:
+    """What the operator said about which node plays which site: the
+    registry's node ids and run config ``keep-node`` (:mod:`osfl.flower.claims`)."""
+    out = [(REGISTRY, registry.node_ids())] if registry is not None else []
+    return out + ([(KEEP_NODE, dict(spec.keep_nodes))] if spec.keep_nodes else [])
+
+
+def _site_plan(
+    cfg: Any, name: str, seed: int, spec: JobSpec, runtime: Any, registry: SiteRegistry | None
+) -> Plan:
     """The plan of a real-sites server: one job, no client data; the site
     registry (run config ``site-registry``) binds each site to its node's key
     and bounds its ``num_samples`` by the size it declared."""
-    registry = SiteRegistry.from_file(spec.site_registry) if spec.site_registry else None
     if registry is None:
         log.warning(
             "no site-registry: each site is taken at its word for its partition-id and "

@@ -23,12 +23,16 @@ coordinate-wise median of the clients' features and of their prototypes, so
 one hostile extractor (sign-flipped or boosted weights that pass every
 screen) moves neither far (docs/robustness.md). A prototype row is a median
 only where it can be one: a class with at least :data:`MEDIAN_MIN_HOLDERS`
-(3) holders (clients with a non-zero row) gets the median over them, which
-one hostile holder cannot drag outside the honest rows' range. With one or
-two holders a median is no defence (the median of two rows is their mean:
-an attacker that sends a row for every class flips a class one honest client
-holds), so such a class gets the mean of its holders, is *not* protected,
-and is named in a warning.
+(3) holders gets the median over them, which one hostile holder cannot drag
+outside the honest rows' range. A *holder* is a client that trained on the
+class: its upload's ``meta.class_counts`` (validated: C non-negative
+integers summing to ``num_samples``) is positive there. A non-zero row is
+no sign of holding: with learned prototypes (the default) every client sends
+a trained row for every class. With one or two holders a median is no
+defence (the median of two rows is their mean: an attacker that claims a
+class one honest client holds flips it), so such a class gets the mean of
+its holders, is *not* protected, and the server's aggregation names it in a
+warning that the run's record keeps (:func:`unprotected_classes`).
 
 Scoring (``SCORINGS``): ``cosine`` is Eq. 10; ``unit_feature`` is the public
 code's ``eval_with_proto``: the normalised fused feature · the *raw* mean
@@ -64,33 +68,59 @@ def global_prototypes(prototypes: Sequence[torch.Tensor]) -> torch.Tensor:
     return torch.stack([p.float() for p in prototypes]).mean(0)
 
 
-def median_prototypes(prototypes: Sequence[torch.Tensor]) -> torch.Tensor:
+def holders_of(class_counts: torch.Tensor) -> torch.Tensor:
+    """M×C: whether client m trained on class c (its ``class_counts`` row is positive)."""
+    return torch.as_tensor(class_counts) > 0
+
+
+def unprotected_classes(class_counts: torch.Tensor) -> list[int]:
+    """The classes some client holds but fewer than :data:`MEDIAN_MIN_HOLDERS`
+    do: ``fusion="median"`` gives them their holders' mean, which one hostile
+    holder moves."""
+    n = holders_of(class_counts).sum(0)
+    return [c for c in range(len(n)) if 0 < int(n[c]) < MEDIAN_MIN_HOLDERS]
+
+
+def median_prototypes(
+    prototypes: Sequence[torch.Tensor], class_counts: torch.Tensor
+) -> torch.Tensor:
     """``fusion="median"``'s prototypes: per class, the coordinate-wise median
-    over the clients whose row is non-zero when there are at least
-    :data:`MEDIAN_MIN_HOLDERS` of them, else their mean (not protected; a
-    warning names the classes); a class no client holds keeps a zero row."""
+    over its holders (M×C ``class_counts`` > 0) when there are at least
+    :data:`MEDIAN_MIN_HOLDERS` of them, else their mean (not protected:
+    :func:`unprotected_classes`); a class no client holds keeps a zero row."""
     if not prototypes:
         raise ValueError("no client prototypes to aggregate")
     stack = torch.stack([p.float() for p in prototypes])  # M×C×D
-    present = stack.abs().sum(-1) > 0  # M×C
-    rows, unprotected = [], []
+    held = holders_of(class_counts)
+    if tuple(held.shape) != tuple(stack.shape[:2]):
+        raise ValueError(
+            f"class counts of shape {tuple(held.shape)} do not match {len(prototypes)} clients' "
+            f"{stack.shape[1]} prototype rows"
+        )
+    rows = []
     for c in range(stack.shape[1]):
-        held = stack[present[:, c], c]
-        if len(held) >= MEDIAN_MIN_HOLDERS:
-            rows.append(torch.quantile(held, 0.5, dim=0))
-        elif len(held):
-            rows.append(held.mean(0))
-            unprotected.append(c)
+        rows_c = stack[held[:, c], c]
+        if len(rows_c) >= MEDIAN_MIN_HOLDERS:
+            rows.append(torch.quantile(rows_c, 0.5, dim=0))
+        elif len(rows_c):
+            rows.append(rows_c.mean(0))
         else:
             rows.append(stack.new_zeros(stack.shape[-1]))
-    if unprotected:
+    return torch.stack(rows)
+
+
+def warn_unprotected(class_counts: torch.Tensor) -> list[int]:
+    """Log (for the run's record: the server's warnings while it aggregates)
+    the classes :func:`median_prototypes` cannot protect; returns them."""
+    weak = unprotected_classes(class_counts)
+    if weak:
         log.warning(
             "fusion=median: classes %s have fewer than %d holders, so their prototypes are "
             "the holders' mean and one hostile client can move them",
-            unprotected,
+            weak,
             MEDIAN_MIN_HOLDERS,
         )
-    return torch.stack(rows)
+    return weak
 
 
 def iffi_weights(feats: torch.Tensor, noise_feats: torch.Tensor) -> torch.Tensor:

@@ -33,12 +33,19 @@ def masked_mean_prototypes(prototypes: list[torch.Tensor]) -> torch.Tensor:
     return (stack * present[..., None]).sum(0) / present.sum(0).clamp(min=1)[:, None]
 
 
+def class_counts_of(clients: Mapping[int, Mapping[str, Any]]) -> torch.Tensor:
+    """M×C: each client's uploaded per-class sample counts (``meta.class_counts``),
+    in client order: who holds which class."""
+    return torch.tensor([list(clients[c]["class_counts"]) for c in sorted(clients)])
+
+
 def server_prototypes(config: FAFIConfig, clients: Mapping[int, Mapping[str, Any]]) -> torch.Tensor:
     """``P_g`` from the clients' uploads: their mean (Algorithm 1), the mean over
-    the clients that hold a class (class-mean prototypes), or the median."""
+    the clients that hold a class (class-mean prototypes), or the median over
+    the clients whose class counts say they hold it."""
     protos = [clients[c]["prototypes"] for c in sorted(clients)]
     if config.fusion == "median":  # robust for classes with >= 3 holders (median_prototypes)
-        return median_prototypes(protos)
+        return median_prototypes(protos, class_counts_of(clients))
     if config.prototype_kind == "class_mean":
         return masked_mean_prototypes(protos)
     return global_prototypes(protos)

@@ -7,7 +7,9 @@ Inconsistency in One-shot Federated Learning", ICML 2025 (Algorithm 1):
    prototypes) of every client architecture in use (:mod:`.architectures`);
 2. each client runs SALT (Eq. 4–6, :class:`~osfl.methods.fafi.salt.SaltLoss`)
    through the shared client-training cache under its own objective key, and
-   uploads its extractor and its C×D prototypes — nothing else (:mod:`.local`);
+   uploads its extractor and its C×D prototypes — nothing else (:mod:`.local`;
+   osfl's robust ``fusion="median"``, not in the paper, also needs each
+   client's per-class sample counts, ``meta.class_counts``);
 3. the server averages the prototypes and predicts with IFFI (Eq. 8–10,
    :mod:`.inference`).
 
@@ -36,6 +38,7 @@ from osfl.fl.method import Method, MethodCard, Predictor, Screening, register_me
 from osfl.fl.upload import (
     NUM_SAMPLES,
     Broadcast,
+    MetaSpec,
     TensorSpec,
     Upload,
     UploadSpec,
@@ -44,7 +47,13 @@ from osfl.fl.upload import (
 from osfl.methods.clients import member_problem, public_fl_hparams, sample_counts
 from osfl.methods.fafi.architectures import Architectures
 from osfl.methods.fafi.config import FAFICodeConfig, FAFIConfig
-from osfl.methods.fafi.inference import client_extractor, fafi_predictor, server_prototypes
+from osfl.methods.fafi.fusion import warn_unprotected
+from osfl.methods.fafi.inference import (
+    class_counts_of,
+    client_extractor,
+    fafi_predictor,
+    server_prototypes,
+)
 from osfl.methods.fafi.local import client_prototypes, train_net
 
 _EXT = "extractor."
@@ -79,6 +88,13 @@ class FAFI(Method, Screening):
     def arches(self) -> Architectures:
         return Architectures(self.run, self.config)
 
+    @property
+    def counts_classes(self) -> bool:
+        """Whether clients send ``meta.class_counts``: only the median fusion
+        reads them (who holds a class), and they reveal a client's label mix,
+        so the paper's protocol (extractor + prototypes) sends none."""
+        return self.config.fusion == "median"
+
     def arch_of(self, client: int) -> str:
         """Client ``client``'s model name (``models`` cycled, or the run's model)."""
         return self.arches.of(client)
@@ -104,7 +120,11 @@ class FAFI(Method, Screening):
         net = train_net(self.arches, ctx, net.to(ctx.device), data, arch)
         tensors = {_EXT + k: v for k, v in net.extractor().state_dict().items()}
         tensors["prototypes"] = client_prototypes(self.arches, net, data, ctx.device)
-        return Upload(tensors=tensors, meta={"num_samples": len(data)})
+        meta: dict[str, Any] = {"num_samples": len(data)}
+        if self.counts_classes:
+            counts = torch.bincount(data.labels.cpu(), minlength=self.run.num_classes)
+            meta["class_counts"] = [int(n) for n in counts]
+        return Upload(tensors=tensors, meta=meta)
 
     # --- validation ------------------------------------------------------
     def _extractor_spec(self, state: dict[str, Any], arch: str) -> dict[str, TensorSpec]:
@@ -124,10 +144,16 @@ class FAFI(Method, Screening):
 
     def upload_spec(self, state: dict[str, Any], round: int, client: int) -> UploadSpec:
         """Exactly client ``client``'s extractor keys/shapes (its own architecture)
-        + its C×D prototypes + ``num_samples``."""
+        + its C×D prototypes + ``num_samples``; with ``fusion="median"`` also
+        ``class_counts`` (C non-negative integers summing to ``num_samples``:
+        the classes it trained on, which the median counts as holders)."""
         tensors = {**self._extractor_spec(state, self.arch_of(client))}
         tensors["prototypes"] = self._proto_spec(state)
-        return UploadSpec(tensors=tensors, meta={"num_samples": NUM_SAMPLES})
+        meta: dict[str, MetaSpec] = {"num_samples": NUM_SAMPLES}
+        if self.counts_classes:
+            c = self.run.num_classes
+            meta["class_counts"] = MetaSpec("int_list", low=0, length=c, sum_of="num_samples")
+        return UploadSpec(tensors=tensors, meta=meta)
 
     def screen(self, state: dict[str, Any], round: int, client: int, upload: Upload) -> str | None:
         """``server.member_filter``: an extractor whose features on the
@@ -164,6 +190,10 @@ class FAFI(Method, Screening):
                 "prototypes": up.tensors["prototypes"],
                 "num_samples": n,
             }
+            if self.counts_classes:
+                clients[c]["class_counts"] = list(up.meta["class_counts"])
+        if self.counts_classes:  # in the round's server warnings, so in the record
+            warn_unprotected(class_counts_of(clients))
         return {"init": state["init"], "clients": clients}
 
     # --- inference -------------------------------------------------------

@@ -339,7 +339,9 @@ class SequenceGenerator(nn.Module):
     """Class-conditional generator of token sequences (V, D) for one layout.
 
     ``nll(y, s)`` is Eq. 5 per sample (summed over positions, standardised
-    units); ``sample(y, generator)`` returns sequences in token units.
+    units), ``loss(y, s)`` what training minimises (its mean over samples and
+    positions, as the authors' code); ``sample(y, generator)`` returns
+    sequences in token units.
     """
 
     def __init__(
@@ -419,10 +421,24 @@ class SequenceGenerator(nn.Module):
         h = self.hidden(self.layout.inputs(self, y, self.standardise(s)))
         return self.head(h[:, self.read_idx])
 
-    def nll(self, y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        """Per-sample negative log-likelihood (B,) of token sequences ``s``."""
+    def token_nll(self, y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """(B, V): the negative log-likelihood of each token of ``s`` under its
+        position's mixture (standardised units)."""
         logit_pi, mu, logvar = self.params(y, s)
-        return -gmm_log_prob(self.standardise(s), logit_pi, mu, logvar).sum(-1)
+        return -gmm_log_prob(self.standardise(s), logit_pi, mu, logvar)
+
+    def nll(self, y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """Per-sample negative log-likelihood (B,) of token sequences ``s``
+        (Eq. 5: the sum over the V positions)."""
+        return self.token_nll(y, s).sum(-1)
+
+    def loss(self, y: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """The training loss: the per-token NLL averaged over samples *and*
+        positions, i.e. Eq. 5 / V, as the authors' ``MDNGenerator.nll_loss``
+        (``-log_mix.mean()`` over (B, L)). Same minimiser as the sum; the
+        scale matters because the gradient clip of 2.0 (theirs) acts on it:
+        summing makes the clip V times tighter."""
+        return self.token_nll(y, s).mean()
 
     @torch.no_grad()
     def sample(self, y: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -83,7 +83,9 @@ from osfl.methods.frozen.views import HSEConfig, ViewSet
 def _generator_fit() -> FitConfig:
     """Paper §3.1: AdamW, lr 1e-4, weight decay 1e-4, batch 256, 400 epochs;
     as in the authors' code (``s2_g.py``), gradient clipping at 2.0 (NLL
-    stability) and the epoch with the lowest mean loss kept."""
+    stability) and the epoch with the lowest mean loss kept. The clip acts on
+    the gradient of :meth:`SequenceGenerator.loss`, the NLL averaged over
+    token positions as in their ``nll_loss``."""
     return FitConfig(
         epochs=400,
         batch_size=256,
@@ -335,7 +337,7 @@ class FALCON(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting, ServerVa
             fit(
                 gen,
                 [tokens, labels],
-                lambda g, s, y: g.nll(y, s).mean(),
+                lambda g, s, y: g.loss(y, s),
                 cfg,
                 generator=torch.Generator().manual_seed(ctx.seed_for("falcon-generator")),
                 device=ctx.device,
@@ -350,6 +352,9 @@ class FALCON(FrozenEncoderMethod, Screening, SiteEvaluation, Reporting, ServerVa
             "variant": self.config.generator,
             "model": self.config.generator_model,
             "fit": cfg,
+            # the loss is the mean over positions (not their sum): the clip sees
+            # V× smaller gradients, so a generator trained on the sum is not this one
+            "loss": "nll_mean_over_positions",
         }
         return cached_module(ctx, gen, _jsonable(parts), train)
 

@@ -1,0 +1,232 @@
+"""Every run keeps each method's final server model (state, weights, card),
+and :func:`osfl.kept_model.evaluate_run` scores it again, without training,
+to exactly the accuracy its record holds (issue 44)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from osfl import assembly
+from osfl.cli import main
+from osfl.config import load_config
+from osfl.errors import ConfigError, DataError
+from osfl.fl.state_codec import state_from_bytes
+from osfl.kept_model import (
+    CARD_FILE,
+    MODEL_FILE,
+    STATE_FILE,
+    config_sha256,
+    evaluate_run,
+    kept_models,
+)
+from support.smoke import tiny_cli_args
+
+
+def records(out: Path) -> list[dict]:
+    return json.loads((out / "metrics.json").read_text())["records"]
+
+
+def card(out: Path, slug: str) -> dict:
+    return json.loads((out / "models" / slug / CARD_FILE).read_text())
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One tiny run of fedavg, ensemble and local (which has no server model)."""
+    tmp = tmp_path_factory.mktemp("kept")
+    out = tmp / "run"
+    args = tiny_cli_args(tmp, "fedavg,ensemble,local")
+    assert main(["run", *args, "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture
+def copy(run: Path, tmp_path: Path) -> Path:
+    """A copy of the run to damage."""
+    return Path(shutil.copytree(run, tmp_path / "run"))
+
+
+def test_each_server_model_is_kept_with_a_card_that_matches_its_record(run: Path) -> None:
+    assert sorted(p.name for p in (run / "models").iterdir()) == ["ensemble-seed0", "fedavg-seed0"]
+    by_method = {r["method"]: r for r in records(run)}
+    assert by_method["local"]["global_test_accuracy"] is None  # nothing to keep
+    cfg = assembly.resolve_parallel(load_config(run / "config.yaml"))
+    for name in ("fedavg", "ensemble"):
+        folder = run / "models" / f"{name}-seed0"
+        c, rec = card(run, f"{name}-seed0"), by_method[name]
+        assert sorted(p.name for p in folder.iterdir()) == [CARD_FILE, MODEL_FILE, STATE_FILE]
+        assert (c["method"], c["seed"], c["point"], c["sweep"]) == (name, 0, "", {})
+        assert c["accuracy"] == rec["global_test_accuracy"]
+        assert c["test_samples"] == rec["num_samples"] == 451
+        assert c["cpu_fingerprint"] == rec["provenance"]["cpu_fingerprint"]
+        assert (c["device"], c["scored_at"], c["osfl_version"]) == ("cpu", "server", "0.1.0")
+        assert c["config_sha256"] == config_sha256(cfg)
+        for f in (STATE_FILE, MODEL_FILE):
+            assert c["files"][f] == hashlib.sha256((folder / f).read_bytes()).hexdigest()
+
+
+def test_the_weights_file_is_the_predictor_the_state_rebuilds(run: Path) -> None:
+    cfg = load_config(run / "config.yaml")
+    ctx = assembly.seed_context(cfg, assembly.load_splits(cfg), 0)
+    for name in ("fedavg", "ensemble"):
+        folder = run / "models" / f"{name}-seed0"
+        state = state_from_bytes((folder / STATE_FILE).read_bytes())
+        want = assembly.build_job(cfg, name, ctx).method.predictor(state).state_dict()
+        got = load_file(folder / MODEL_FILE)
+        assert sorted(got) == sorted(want) and len(got) > 0
+        assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_rescoring_gives_the_records_accuracy_exactly(run: Path) -> None:
+    by_method = {r["method"]: r for r in records(run)}
+    rows = evaluate_run(run)
+    assert [(r.method, r.seed) for r in rows] == [("ensemble", 0), ("fedavg", 0)]
+    for r in rows:
+        assert r.accuracy == r.card_accuracy == by_method[r.method]["global_test_accuracy"]
+        assert r.equal and r.same_cpu and r.same_config and r.test_samples == 451
+    assert [r.method for r in evaluate_run(run, method="fedavg")] == ["fedavg"]
+    assert (run / "models" / "fedavg-seed0").is_dir()  # scoring writes nothing
+
+
+def _folder_of(test_images: torch.Tensor, labels: torch.Tensor, root: Path) -> Path:
+    """An image folder holding ``test_images`` (grey, uint8) as its test and train splits."""
+    for split in ("train", "test"):
+        for i, (img, y) in enumerate(zip(test_images, labels, strict=True)):
+            d = root / split / str(int(y))
+            d.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(img[0].numpy(), mode="L").save(d / f"{i:04d}.png")
+    return root
+
+
+def test_the_run_test_split_as_an_image_folder_scores_the_same(run: Path, tmp_path: Path) -> None:
+    cfg = load_config(run / "config.yaml")
+    test = assembly.load_splits(cfg).test
+    folder = _folder_of(test.images, test.labels, tmp_path / "copy")
+    rows = evaluate_run(run, f"imagefolder:{folder}", method="fedavg")
+    assert [(r.accuracy == r.card_accuracy, r.test_samples) for r in rows] == [(True, 451)]
+
+
+def test_half_of_the_test_split_scores_what_that_half_scores(run: Path, tmp_path: Path) -> None:
+    cfg = load_config(run / "config.yaml")
+    ctx = assembly.seed_context(cfg, assembly.load_splits(cfg), 0)
+    half = ctx.splits.test.subset(np.arange(0, 451, 2))
+    folder = _folder_of(half.images, half.labels, tmp_path / "half")
+    (kept,) = kept_models(run, "fedavg")
+    job = assembly.build_job(cfg, "fedavg", ctx)
+    with torch.no_grad():
+        predictor = job.method.predictor(kept.state()).eval()
+        predicted = predictor(job.run.eval_transform(half.images))
+    want = int((predicted.argmax(1) == half.labels).sum()) / len(half)
+    (row,) = evaluate_run(run, f"imagefolder:{folder}", method="fedavg")
+    assert (row.accuracy, row.test_samples, row.card_accuracy) == (want, 226, kept.card["accuracy"])
+
+
+def test_other_data_with_another_class_count_is_refused(run: Path, tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for c in ("ant", "bee"):
+            (tmp_path / "two" / split / c).mkdir(parents=True)
+            for i in range(3):
+                pixels = rng.integers(0, 255, (8, 8), dtype=np.uint8)
+                Image.fromarray(pixels, mode="L").save(tmp_path / "two" / split / c / f"{i}.png")
+    with pytest.raises(DataError) as e:
+        evaluate_run(run, f"imagefolder:{tmp_path / 'two'}")
+    assert str(e.value) == (
+        f"--data imagefolder:{tmp_path / 'two'} has 2 classes; the run's models score 10 "
+        "(0, 1, 2, 3, 4, 5, 6, 7, 8, 9)"
+    )
+
+
+def test_a_damaged_or_missing_state_is_named_and_never_loaded(copy: Path) -> None:
+    state = copy / "models" / "fedavg-seed0" / STATE_FILE
+    blob = bytearray(state.read_bytes())
+    blob[-1] ^= 0xFF
+    state.write_bytes(bytes(blob))
+    with pytest.raises(DataError, match=r"state\.safetensors is damaged \(its sha256 differs"):
+        evaluate_run(copy, method="fedavg")
+    state.unlink()
+    with pytest.raises(DataError, match=r"state\.safetensors cannot be read \(No such file"):
+        evaluate_run(copy, method="fedavg")
+
+
+def test_a_damaged_card_is_refused(copy: Path) -> None:
+    path = copy / "models" / "ensemble-seed0" / CARD_FILE
+    path.write_text("{not json")
+    with pytest.raises(DataError, match=r"card\.json is damaged \(not JSON"):
+        evaluate_run(copy)
+    path.write_text(json.dumps({**card(copy, "fedavg-seed0"), "seed": "zero"}))
+    with pytest.raises(DataError, match=r"field 'seed' missing or of the wrong type"):
+        evaluate_run(copy)
+
+
+def test_no_models_or_no_model_of_the_method_is_one_clear_error(copy: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        evaluate_run(copy, method="local")
+    assert str(e.value) == (
+        f"--method local: {copy} keeps no model of it (kept: ensemble, fedavg; a method "
+        "without a server model, e.g. local, keeps none)"
+    )
+    shutil.rmtree(copy / "models")
+    with pytest.raises(DataError, match=r"keeps no models \(models/ is missing or empty\)"):
+        evaluate_run(copy)
+    (copy / "models" / ".fedavg-seed0.tmp").mkdir(parents=True)  # a write that never finished
+    with pytest.raises(DataError, match=r"keeps no models \(models/ is missing or empty\)"):
+        evaluate_run(copy)
+    with pytest.raises(DataError, match=r"is not an osfl run directory \(no config\.yaml\)"):
+        evaluate_run(copy / "models")
+
+
+def test_a_device_torch_cannot_parse_is_one_line(run: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^--device 'gpu0': "):
+        evaluate_run(run, device="gpu0")
+
+
+def test_a_model_the_sites_scored_is_skipped_with_a_note(copy: Path) -> None:
+    path = copy / "models" / "fedavg-seed0" / CARD_FILE
+    path.write_text(json.dumps({**card(copy, "fedavg-seed0"), "scored_at": "sites"}))
+    (row,) = evaluate_run(copy, method="fedavg")
+    assert (row.accuracy, row.equal) == (None, False)
+    assert row.note == "scored at the sites: the server holds no test set"
+
+
+def test_the_config_hash_ignores_what_only_changes_how_a_run_goes() -> None:
+    base = load_config(None, ["train.lr=0.05"])
+    same = load_config(None, ["train.lr=0.05", "progress=false", "methods=[fedavg]", "seeds=[3]"])
+    assert config_sha256(base) == config_sha256(same)
+    assert config_sha256(base) != config_sha256(load_config(None, ["train.lr=0.1"]))
+    assert len(config_sha256(base)) == 16
+
+
+def test_a_resumed_run_keeps_the_models_of_jobs_finished_before(copy: Path) -> None:
+    doc = json.loads((copy / "metrics.json").read_text())
+    doc["records"] = [r for r in doc["records"] if r["method"] != "ensemble"]
+    (copy / "metrics.json").write_text(json.dumps(doc))
+    shutil.rmtree(copy / "models" / "ensemble-seed0")
+    fedavg = copy / "models" / "fedavg-seed0"
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in fedavg.iterdir()}
+    assert main(["run", "--resume", str(copy), "--no-progress"]) == 0
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in fedavg.iterdir()} == before
+    rows = evaluate_run(copy)
+    assert [(r.method, r.equal) for r in rows] == [("ensemble", True), ("fedavg", True)]
+
+
+def test_each_grid_point_keeps_its_model(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    args = tiny_cli_args(tmp_path, "fedavg")
+    assert main(["run", *args, "--sweep", "train.lr=0.05,0.2", "--out", str(out)]) == 0
+    names = sorted(p.name for p in (out / "models").iterdir())
+    assert names == ["fedavg-seed0-train.lr_0.05", "fedavg-seed0-train.lr_0.2"]
+    assert card(out, names[1])["sweep"] == {"train.lr": "0.2"}
+    rows = evaluate_run(out)
+    want = {r["point"]: r["global_test_accuracy"] for r in records(out)}
+    assert {r.point: r.accuracy for r in rows} == want
+    assert all(r.equal for r in rows) and len(want) == 2
