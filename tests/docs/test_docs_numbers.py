@@ -26,8 +26,8 @@ FENCE = re.compile(r"^(```|~~~)")
 HEADING = re.compile(r"^(#+)[ \t]+(.+)$")
 #: a decimal number standing alone (not part of a version, a hash or a path)
 NUMBER = re.compile(r"(?<![\w.])\d+\.\d+(?![\w.]*\w)")
-#: ``REPRODUCTION.md`` followed (within its parenthesis) by quoted section titles
-CITATION = re.compile(r"REPRODUCTION\.md[^()]*?[\"“]", re.S)
+#: a mean ± std
+PAIR = re.compile(r"(?<![\w.])(\d+\.\d+) ± (\d+\.\d+)(?![\w.]*\w)")
 #: a paragraph's label line, cited like a heading ("How to read the numbers:")
 LABEL = re.compile(r"^[A-Z][\w ,'-]*:$")
 QUOTED = re.compile(r"[\"“]([^\"”]+)[\"”]")
@@ -130,8 +130,10 @@ def stale_numbers(doc: str, reproduction: str, where: str = "") -> list[str]:
     sections of ``reproduction`` do not hold, as readable lines."""
     secs = sections(reproduction)
     problems = []
+    introduced: list[str] = []  # a citing paragraph ending in ":" introduces the next block
     for para in paragraphs(doc):
-        titles = cited_titles(para)
+        titles = cited_titles(para) or introduced
+        introduced = titles if para.rstrip().endswith(":") else []
         if not titles:
             continue
         found = [find_section(secs, t) for t in titles]
@@ -139,8 +141,12 @@ def stale_numbers(doc: str, reproduction: str, where: str = "") -> list[str]:
             if sec is None:
                 problems.append(f'{where}: cites "{title}", which is no section of REPRODUCTION.md')
         held = "\n".join(s.text for s in found if s is not None)
+        held_pairs = set(PAIR.findall(held))
+        for pair in PAIR.findall(para):  # a mean ± std is quoted as a pair
+            if not any(quotes(pair[0], {h[0]}) and quotes(pair[1], {h[1]}) for h in held_pairs):
+                problems.append(f"{where}: {pair[0]} ± {pair[1]} is not in {titles}")
         held_numbers = set(NUMBER.findall(held))
-        for number in NUMBER.findall(para):
+        for number in NUMBER.findall(PAIR.sub(" ", para)):
             if not quotes(number, held_numbers) and (where, number) not in DERIVED:
                 first = " ".join(para.split())[:90]
                 problems.append(f"{where}: {number} is not in {titles} (paragraph: {first}...)")
@@ -194,6 +200,12 @@ def test_a_current_quote_passes_and_a_code_comment_is_no_heading() -> None:
     ]
 
 
+def test_a_mean_and_std_are_checked_as_one_pair() -> None:
+    stub = "## FAFI\n\n| a | 27.13 ± 1.70 |\n| b | 30.00 ± 4.00 |\n"
+    assert stale_numbers('27.13 ± 1.70 (REPRODUCTION.md, "FAFI")', stub, "x.md") == []
+    assert len(stale_numbers('27.13 ± 4.00 (REPRODUCTION.md, "FAFI")', stub, "x.md")) == 1
+
+
 def test_a_rounded_quote_passes_and_a_misrounded_one_does_not() -> None:
     stub = "## FAFI\n\n| a | 27.13 ± 1.70 |\n"
     assert stale_numbers('27.1 ± 1.7 (REPRODUCTION.md, "FAFI")', stub, "x.md") == []
@@ -204,6 +216,12 @@ def test_a_citation_of_a_missing_section_is_named() -> None:
     doc = 'FAFI scores 64.2 (REPRODUCTION.md, "FAFI, Table 9").\n'
     problems = stale_numbers(doc, REPRODUCTION_STUB, "x.md")
     assert any("no section" in p for p in problems)
+
+
+def test_a_table_introduced_by_a_citing_paragraph_is_checked_against_it() -> None:
+    doc = 'From REPRODUCTION.md, "FAFI":\n\n| fusion | accuracy |\n|---|---:|\n| median | 64.3 |\n'
+    problems = stale_numbers(doc, REPRODUCTION_STUB, "x.md")
+    assert len(problems) == 1 and "64.3" in problems[0]
 
 
 def test_a_paragraph_without_a_citation_is_not_checked() -> None:
