@@ -7,12 +7,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import functools
 import gzip
 import hashlib
-import threading
 from collections.abc import Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +20,7 @@ from osfl.commands.common import dispatch, new_console
 from osfl.data import download
 from osfl.data.sources import load_data
 from osfl.registry import Registry
+from support.local_http import serving
 
 MNIST = (
     "train-images-idx3-ubyte",
@@ -32,26 +30,13 @@ MNIST = (
 )
 
 
-class _Quiet(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, str]]:
-    for var in ("OSFL_DATA_CACHE", "OSFL_DATA_MIRROR"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("no_proxy", "127.0.0.1")
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    """(the folder it serves, its base URL)."""
     www = tmp_path / "www"
     (www / "mnist").mkdir(parents=True)
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(www)))
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    try:
-        yield www, f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with serving(www, monkeypatch) as url:
+        yield www, url
 
 
 def _serve_mnist(www: Path, monkeypatch: pytest.MonkeyPatch) -> None:

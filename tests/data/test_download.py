@@ -7,16 +7,13 @@ folder, a link member, an unknown name and a 404 each give one clear error."""
 from __future__ import annotations
 
 import dataclasses
-import functools
 import gzip
 import hashlib
 import io
 import pickle
 import tarfile
-import threading
 import urllib.parse
 from collections.abc import Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import numpy as np
@@ -28,30 +25,16 @@ from osfl.data.download import DOWNLOADS, get_dataset, mirror_url
 from osfl.data.sources import load_data
 from osfl.errors import ConfigError, DataError
 from osfl.registry import Registry
-
-
-class _Quiet(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # no request lines in the output
-        pass
+from support.local_http import serving
 
 
 @pytest.fixture
 def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Path, str]]:
-    """(the folder it serves, its base URL); proxies and the osfl variables unset."""
-    for var in ("OSFL_DATA_CACHE", "OSFL_DATA_MIRROR"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setenv("no_proxy", "127.0.0.1")
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    """(the folder it serves, its base URL)."""
     www = tmp_path / "www"
     www.mkdir()
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(www)))
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield www, f"http://127.0.0.1:{httpd.server_address[1]}"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
+    with serving(www, monkeypatch) as url:
+        yield www, url
 
 
 def _served(www: Path, name: str) -> Path:

@@ -10,12 +10,9 @@ from typing import Any
 
 import pytest
 
-from osfl.cli import main
-from support.smoke import tiny_cli_args
+from support.tracked_run import records_by_method, resume_without_local, run_with_logger
 
 tracking = pytest.importorskip("mlflow.tracking", reason="the mlflow extra")
-
-RUN = ["eval_every=1", "method.fedavg.rounds=3", "logger=[mlflow]"]
 
 
 @pytest.fixture(autouse=True)
@@ -23,17 +20,6 @@ def _local_store(monkeypatch: pytest.MonkeyPatch) -> None:
     """The store in the run directory, whatever the machine's environment says."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("MLFLOW_EXPERIMENT_NAME", raising=False)
-
-
-def _run(tmp: Path, *mode: str) -> Path:
-    out = tmp / "run"
-    assert main(["run", *tiny_cli_args(tmp, "fedavg,local"), *RUN, "--out", str(out), *mode]) == 0
-    return out
-
-
-def _records(out: Path) -> dict[str, dict[str, Any]]:
-    records = json.loads((out / "metrics.json").read_text())["records"]
-    return {r["method"]: r for r in records}
 
 
 def _client(out: Path) -> tuple[Any, str]:
@@ -49,9 +35,9 @@ def _history(client: Any, run_id: str, key: str) -> list[tuple[int, float]]:
 def test_the_run_holds_the_config_curves_finals_and_summary(tmp_path: Path) -> None:
     """Every number is the one metrics.json holds (float64, as written), and a
     resume continues the same MLflow run without logging FedAvg again."""
-    out = _run(tmp_path)
+    out = run_with_logger(tmp_path, "mlflow")
     client, run_id = _client(out)
-    run, records = client.get_run(run_id), _records(out)
+    run, records = client.get_run(run_id), records_by_method(out)
     assert run.info.status == "FINISHED" and run.info.run_name == "default"
     assert run.data.tags["osfl.run_dir"] == str(out.resolve())
     params = run.data.params
@@ -75,10 +61,7 @@ def test_the_run_holds_the_config_curves_finals_and_summary(tmp_path: Path) -> N
     assert table["columns"][:3] == ["method", "seeds", "accuracy (%)"]
     assert [row[0] for row in table["rows"]] == ["fedavg", "local"]
 
-    doc = json.loads((out / "metrics.json").read_text())
-    doc["records"] = [r for r in doc["records"] if r["method"] != "local"]
-    (out / "metrics.json").write_text(json.dumps(doc))
-    assert main(["run", *tiny_cli_args(tmp_path, "fedavg,local"), *RUN, "--resume", str(out)]) == 0
+    resume_without_local(tmp_path, "mlflow", out)
     assert _client(out)[1] == run_id
     assert len(client.search_runs([run.info.experiment_id])) == 1
     assert client.get_run(run_id).info.status == "FINISHED"

@@ -13,6 +13,7 @@ import pytest
 
 from osfl.cli import main
 from support.smoke import tiny_cli_args
+from support.tracked_run import records_by_method, resume_without_local, run_with_logger
 
 event_accumulator = pytest.importorskip(
     "tensorboard.backend.event_processing.event_accumulator", reason="the tensorboard extra"
@@ -21,19 +22,6 @@ event_accumulator = pytest.importorskip(
 event_file_loader = pytest.importorskip(
     "tensorboard.backend.event_processing.event_file_loader", reason="the tensorboard extra"
 )
-
-RUN = ["eval_every=1", "method.fedavg.rounds=3", "logger=[tensorboard]"]
-
-
-def _run(tmp: Path, *mode: str) -> Path:
-    out = tmp / "run"
-    assert main(["run", *tiny_cli_args(tmp, "fedavg,local"), *RUN, "--out", str(out), *mode]) == 0
-    return out
-
-
-def _records(out: Path) -> dict[str, dict[str, Any]]:
-    records = json.loads((out / "metrics.json").read_text())["records"]
-    return {r["method"]: r for r in records}
 
 
 def _events(out: Path) -> Any:
@@ -64,13 +52,13 @@ def _f32(x: float) -> float:
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _run(tmp_path_factory.mktemp("tensorboard"))
+    return run_with_logger(tmp_path_factory.mktemp("tensorboard"), "tensorboard")
 
 
 def test_every_rounds_accuracy_is_the_records_curve(run: Path) -> None:
     """FedAvg's three rounds: ``fedavg/seed0/accuracy`` at steps 0, 1, 2 is the
     record's ``curve``, value for value."""
-    fedavg = _records(run)["fedavg"]
+    fedavg = records_by_method(run)["fedavg"]
     assert [p["round"] for p in fedavg["curve"]] == [0, 1, 2]
     assert _scalars(_events(run), "fedavg/seed0/accuracy") == [
         (p["round"], _f32(p["accuracy"])) for p in fedavg["curve"]
@@ -78,7 +66,7 @@ def test_every_rounds_accuracy_is_the_records_curve(run: Path) -> None:
 
 
 def test_every_record_logs_its_final_numbers_at_its_last_round(run: Path) -> None:
-    records, acc = _records(run), _events(run)
+    records, acc = records_by_method(run), _events(run)
     fedavg, local = records["fedavg"], records["local"]
     assert _scalars(acc, "fedavg/seed0/final/accuracy") == [
         (2, _f32(fedavg["global_test_accuracy"]))
@@ -100,21 +88,18 @@ def test_the_summary_table_is_summary_md(run: Path) -> None:
 def test_a_resume_logs_only_the_records_it_finishes(tmp_path: Path) -> None:
     """A run whose ``local`` record is missing, resumed: a second event file
     holds ``local``'s scalars alone, and FedAvg's rounds and final numbers stay once."""
-    out = _run(tmp_path)
-    doc = json.loads((out / "metrics.json").read_text())
-    doc["records"] = [r for r in doc["records"] if r["method"] != "local"]
-    (out / "metrics.json").write_text(json.dumps(doc))
-    assert main(["run", *tiny_cli_args(tmp_path, "fedavg,local"), *RUN, "--resume", str(out)]) == 0
+    out = run_with_logger(tmp_path, "tensorboard")
+    resume_without_local(tmp_path, "tensorboard", out)
     first, second = sorted((out / "tensorboard").glob("events.out.tfevents.*"))
     assert {t.split("/")[0] for t in _tags(first)} == {"fedavg", "local"}
     assert {t.split("/")[0] for t in _tags(second)} == {"local"}
-    acc, fedavg = _events(out), _records(out)["fedavg"]
+    acc, fedavg = _events(out), records_by_method(out)["fedavg"]
     assert [s for s, _ in _scalars(acc, "fedavg/seed0/accuracy")] == [0, 1, 2]
     assert _scalars(acc, "fedavg/seed0/final/accuracy") == [
         (2, _f32(fedavg["global_test_accuracy"]))
     ]
     # dropped by hand after the first run had logged it: both runs' (equal) values
-    local = _f32(_records(out)["local"]["mean_client_accuracy"])
+    local = _f32(records_by_method(out)["local"]["mean_client_accuracy"])
     assert _scalars(acc, "local/seed0/final/accuracy") == [(0, local), (0, local)]
 
 

@@ -15,28 +15,7 @@ from typing import Any
 
 import pytest
 
-from osfl.cli import main
-from support.smoke import tiny_cli_args
-
-RUN = ["eval_every=1", "method.fedavg.rounds=3", "logger=[wandb]"]
-
-
-def _run(tmp: Path, *mode: str) -> Path:
-    out = tmp / "run"
-    assert main(["run", *tiny_cli_args(tmp, "fedavg,local"), *RUN, "--out", str(out), *mode]) == 0
-    return out
-
-
-def _records(out: Path) -> dict[str, dict[str, Any]]:
-    records = json.loads((out / "metrics.json").read_text())["records"]
-    return {r["method"]: r for r in records}
-
-
-def _drop_local(out: Path) -> None:
-    """metrics.json without the ``local`` record: a resume runs it again."""
-    doc = json.loads((out / "metrics.json").read_text())
-    doc["records"] = [r for r in doc["records"] if r["method"] != "local"]
-    (out / "metrics.json").write_text(json.dumps(doc))
+from support.tracked_run import records_by_method, resume_without_local, run_with_logger
 
 
 class FakeRun:
@@ -87,7 +66,7 @@ def fake_wandb(monkeypatch: pytest.MonkeyPatch) -> list[FakeRun]:
 def test_one_wandb_run_gets_the_config_rounds_finals_and_table(
     tmp_path: Path, fake_wandb: list[FakeRun]
 ) -> None:
-    out = _run(tmp_path)
+    out = run_with_logger(tmp_path, "wandb")
     [run] = fake_wandb
     doc = json.loads((out / "metrics.json").read_text())
     assert run.init == {
@@ -117,8 +96,7 @@ def test_one_wandb_run_gets_the_config_rounds_finals_and_table(
     assert run.exit_code == 0
     assert json.loads((out / "trackers.json").read_text()) == {"wandb": "fake0001"}
 
-    _drop_local(out)
-    assert main(["run", *tiny_cli_args(tmp_path, "fedavg,local"), *RUN, "--resume", str(out)]) == 0
+    resume_without_local(tmp_path, "wandb", out)
     resumed = fake_wandb[1]
     assert (resumed.init["id"], resumed.init["resume"]) == ("fake0001", "allow")
     assert not any("fedavg/seed0/round" in data for data in resumed.logged)  # finished before
@@ -131,7 +109,7 @@ _LOCAL_FINALS = ("accuracy", "mean_client_accuracy", "bytes_up", "bytes_down", "
 # ---- a real offline run, read back from its .wandb file
 
 
-def wandb_records(path: Path) -> list[bytes]:
+def wandbrecords_by_method(path: Path) -> list[bytes]:
     """The records of a ``.wandb`` file: W&B's LevelDB-log framing (32 KiB
     blocks; each chunk a 7-byte header: CRC32, length, type full / first /
     middle / last) after a 7-byte ``:W&B`` file header."""
@@ -167,7 +145,7 @@ def _history_and_summary(out: Path) -> tuple[list[dict[str, Any]], dict[str, Any
     pb = pytest.importorskip("wandb.proto.wandb_internal_pb2")
     [path] = (out / "wandb").glob("offline-run-*/run-*.wandb")
     history, summary = [], {}
-    for raw in wandb_records(path):
+    for raw in wandbrecords_by_method(path):
         record = pb.Record()
         record.ParseFromString(raw)
         kind = record.WhichOneof("record_type")
@@ -184,8 +162,8 @@ def test_an_offline_run_holds_the_records_numbers(
     pytest.importorskip("wandb", reason="the wandb extra")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_PROJECT", raising=False)
-    out = _run(tmp_path)
-    records = _records(out)
+    out = run_with_logger(tmp_path, "wandb")
+    records = records_by_method(out)
     history, summary = _history_and_summary(out)
     rounds = [h for h in history if "fedavg/seed0/accuracy" in h]
     assert [(h["fedavg/seed0/round"], h["fedavg/seed0/accuracy"]) for h in rounds] == [

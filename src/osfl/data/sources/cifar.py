@@ -24,15 +24,7 @@ import numpy as np
 import torch
 
 from osfl.data.imageset import DataSplits
-from osfl.data.sources.common import (
-    check_channels,
-    check_dir,
-    check_positive_int,
-    check_seed,
-    finish,
-    make_imageset,
-    subset_splits,
-)
+from osfl.data.sources.common import DecodedPart, check_dir, decoded_splits
 from osfl.data.sources.registry import register_dataset
 from osfl.errors import DataError
 
@@ -133,22 +125,17 @@ def _load(
     test_max_per_class: int | None,
     seed: int,
 ) -> DataSplits:
-    image_size = check_positive_int("image_size", image_size)
-    channels = check_channels(channels)
-    max_per_class = check_positive_int("max_per_class", max_per_class)
-    test_max_per_class = check_positive_int("test_max_per_class", test_max_per_class)
-    seed = check_seed(seed)
-    classes = _names(read_batch(root / meta_file), names_key, root / meta_file)
-    parts = {}
-    for part, files in (("train", train_files), ("test", test_files)):
-        imgs, labels = _images_labels(
-            [read_batch(root / f) for f in files], label_key, len(classes), root
-        )
-        imgs = finish(imgs, image_size=image_size, channels=channels)
-        parts[part] = make_imageset(imgs, labels, classes, name=name)
-    return subset_splits(
-        DataSplits(parts["train"], parts["test"]), max_per_class, test_max_per_class, seed
-    )
+    files = {"train": train_files, "test": test_files}
+
+    def read(part: str) -> DecodedPart:  # after decoded_splits checked the options
+        classes = _names(read_batch(root / meta_file), names_key, root / meta_file)
+        batches = [read_batch(root / f) for f in files[part]]
+        return (*_images_labels(batches, label_key, len(classes), root), classes)
+
+    return decoded_splits(
+        name, read, image_size=image_size, channels=channels, max_per_class=max_per_class,
+        test_max_per_class=test_max_per_class, seed=seed,
+    )  # fmt: skip
 
 
 @register_dataset("cifar10")

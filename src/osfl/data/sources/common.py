@@ -14,7 +14,7 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
@@ -217,6 +217,38 @@ def subset_splits(
         return s.subset(balanced_subset(s.labels.numpy(), k, seed * 2 + salt, strata))
 
     return DataSplits(cap(splits.train, max_per_class, 0), cap(splits.test, test_max_per_class, 1))
+
+
+#: one split's decoded pixels (uint8 N×C×H×W), labels and class names
+DecodedPart = tuple[torch.Tensor, np.ndarray, Sequence[str]]
+
+
+def decoded_splits(
+    name: str,
+    read: Callable[[str], DecodedPart],
+    *,
+    image_size: Any,
+    channels: Any,
+    max_per_class: Any,
+    test_max_per_class: Any,
+    seed: Any,
+) -> DataSplits:
+    """The train/test pair of a source whose files hold decoded pixels (CIFAR,
+    MNIST, SVHN): the common options checked first, then ``read("train")`` and
+    ``read("test")`` resized, converted and wrapped, then the class caps."""
+    image_size = check_positive_int("image_size", image_size)
+    channels = check_channels(channels)
+    max_per_class = check_positive_int("max_per_class", max_per_class)
+    test_max_per_class = check_positive_int("test_max_per_class", test_max_per_class)
+    seed = check_seed(seed)
+    parts = {}
+    for part in ("train", "test"):
+        images, labels, classes = read(part)
+        images = finish(images, image_size=image_size, channels=channels)
+        parts[part] = make_imageset(images, labels, classes, name=name)
+    return subset_splits(
+        DataSplits(parts["train"], parts["test"]), max_per_class, test_max_per_class, seed
+    )
 
 
 # --------------------------------------------------------------------------- Pillow decoding

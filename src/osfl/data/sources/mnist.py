@@ -22,15 +22,7 @@ import numpy as np
 import torch
 
 from osfl.data.imageset import DataSplits
-from osfl.data.sources.common import (
-    check_channels,
-    check_dir,
-    check_positive_int,
-    check_seed,
-    finish,
-    make_imageset,
-    subset_splits,
-)
+from osfl.data.sources.common import check_dir, decoded_splits
 from osfl.data.sources.registry import register_dataset
 from osfl.errors import DataError
 
@@ -106,16 +98,9 @@ def load_mnist(
     accepted for configs shared with other sources, and unused: the files
     already hold decoded pixels."""
     root = check_dir(path, "mnist")
-    image_size = check_positive_int("image_size", image_size)
-    channels = check_channels(channels)
-    max_per_class = check_positive_int("max_per_class", max_per_class)
-    test_max_per_class = check_positive_int("test_max_per_class", test_max_per_class)
-    seed = check_seed(seed)
-    parts = {}
-    for part, prefix in (("train", "train"), ("test", "t10k")):
-        images, labels = _part(root, prefix)
-        images = finish(images, image_size=image_size, channels=channels)
-        parts[part] = make_imageset(images, labels, CLASSES, name="mnist")
-    return subset_splits(
-        DataSplits(parts["train"], parts["test"]), max_per_class, test_max_per_class, seed
-    )
+    prefix = {"train": "train", "test": "t10k"}
+    return decoded_splits(
+        "mnist", lambda part: (*_part(root, prefix[part]), CLASSES),
+        image_size=image_size, channels=channels, max_per_class=max_per_class,
+        test_max_per_class=test_max_per_class, seed=seed,
+    )  # fmt: skip

@@ -19,15 +19,7 @@ import numpy as np
 import torch
 
 from osfl.data.imageset import DataSplits
-from osfl.data.sources.common import (
-    check_channels,
-    check_dir,
-    check_positive_int,
-    check_seed,
-    finish,
-    make_imageset,
-    subset_splits,
-)
+from osfl.data.sources.common import check_dir, decoded_splits
 from osfl.data.sources.registry import register_dataset
 from osfl.errors import DataError
 
@@ -79,16 +71,8 @@ def load_svhn(
     converts to luma; ``image_size`` resizes). ``cache_dir`` is accepted for
     configs shared with other sources, and unused."""
     root = check_dir(path, "svhn")
-    image_size = check_positive_int("image_size", image_size)
-    channels = check_channels(channels)
-    max_per_class = check_positive_int("max_per_class", max_per_class)
-    test_max_per_class = check_positive_int("test_max_per_class", test_max_per_class)
-    seed = check_seed(seed)
-    parts = {}
-    for part, name in FILES.items():
-        images, labels = read_mat(root / name)
-        images = finish(images, image_size=image_size, channels=channels)
-        parts[part] = make_imageset(images, labels, CLASSES, name="svhn")
-    return subset_splits(
-        DataSplits(parts["train"], parts["test"]), max_per_class, test_max_per_class, seed
-    )
+    return decoded_splits(
+        "svhn", lambda part: (*read_mat(root / FILES[part]), CLASSES),
+        image_size=image_size, channels=channels, max_per_class=max_per_class,
+        test_max_per_class=test_max_per_class, seed=seed,
+    )  # fmt: skip
