@@ -56,7 +56,7 @@ CARD_VERSION = 1
 #: Config keys that change where or how fast a run goes, or what else it ran,
 #: never the model of one method × seed: left out of ``config_sha256``.
 NOT_HASHED = ("name", "methods", "seeds", "sweep", "progress", "out_dir", "cache_dir")
-NOT_HASHED += ("parallel_clients",)
+NOT_HASHED += ("parallel_clients", "logger")
 
 
 def config_sha256(cfg: ExperimentConfig) -> str:
