@@ -350,9 +350,64 @@ def test_dnc_drops_the_client_along_the_top_singular_direction() -> None:
     states.append({"w": torch.tensor([1.0, 1.0, 1.0, 1.0, 1.0, 40.0]), "n": torch.tensor(0)})
     reference = {"w": torch.zeros(6), "n": torch.tensor(0)}
     weights = [1.0, 2.0, 3.0, 4.0, 100.0]
-    out = aggregate_states(states, weights, ServerConfig(byzantine=1), rule="dnc", reference=reference)
+    out = aggregate_states(
+        states, weights, ServerConfig(byzantine=1), rule="dnc", reference=reference
+    )
     want = sum(w * v for w, v in zip(weights[:4], honest, strict=True)) / sum(weights[:4])
     assert torch.allclose(out["w"], torch.full((6,), want), atol=1e-6)
+
+
+def test_dnc_scores_are_centred_projections_on_the_top_singular_vector() -> None:
+    """Honest updates share a large offset; the attacker moves +5 and −5 on two
+    coordinates, which leaves its projection on the offset unchanged. Centred,
+    its score is the largest (the paper's line 5); uncentred, the offset is the
+    top direction and an honest client would be dropped."""
+    from osfl.fl.aggregators import dnc_keep, dnc_scores
+
+    gen = torch.Generator().manual_seed(1)
+    updates = 100.0 + 0.1 * torch.randn(5, 6, generator=gen, dtype=torch.float64)
+    updates[3, 0] += 5.0
+    updates[3, 1] -= 5.0
+    got = dnc_scores(updates, slice(None))
+    centred = updates - updates.mean(dim=0)
+    v = torch.linalg.svd(centred, full_matrices=False)[2][0, :]
+    want = torch.tensor([float(torch.dot(u, v)) ** 2 for u in centred], dtype=torch.float64)
+    assert torch.allclose(got, want, rtol=1e-10)
+    assert int(got.argmax()) == 3 and dnc_keep(updates, 1) == [0, 1, 2, 4]
+
+
+def test_dnc_select_intersects_the_iterations_and_falls_back_to_the_summed_scores() -> None:
+    from osfl.fl.aggregators import dnc_select
+
+    scores = [torch.tensor([0.0, 1.0, 5.0]), torch.tensor([5.0, 1.0, 0.0])]
+    assert dnc_select(scores, 2) == [1]  # {0, 1} ∩ {1, 2}
+    assert dnc_select(scores, 1) == [1]  # {0} ∩ {2} is empty: sums 5, 2, 5
+    assert dnc_select(scores[:1], 2) == [0, 1]
+
+
+def test_dnc_drops_f_clients_and_keeps_one_at_least() -> None:
+    from osfl.fl.aggregators import dnc_keep
+
+    gen = torch.Generator().manual_seed(2)
+    updates = 0.01 * torch.randn(6, 5, generator=gen, dtype=torch.float64)
+    updates[1, 0] += 3.0
+    updates[4, 2] -= 4.0
+    assert dnc_keep(updates, 2) == [0, 2, 3, 5]  # f = 2: both outliers
+    assert len(dnc_keep(updates, 6)) == 1  # n − f <= 0 still keeps a client
+
+
+def test_dnc_draws_its_coordinates_from_a_generator_seeded_with_0() -> None:
+    """One iteration on one coordinate of eight, where client j is the outlier
+    of coordinate j: the client dropped is the coordinate seed 0 draws."""
+    from osfl.fl.aggregators import dnc_keep
+
+    updates = torch.eye(8, dtype=torch.float64) * 10.0
+    updates += 0.01 * torch.arange(64, dtype=torch.float64).reshape(8, 8) / 64
+    drawn = int(torch.randperm(8, generator=torch.Generator().manual_seed(0))[0])
+    other = int(torch.randperm(8, generator=torch.Generator().manual_seed(1))[0])
+    assert drawn != other
+    kept = dnc_keep(updates, 1, iterations=1, subsample=1)
+    assert kept == [j for j in range(8) if j != drawn]
 
 
 def test_dnc_keeps_only_the_clients_kept_in_every_iteration() -> None:

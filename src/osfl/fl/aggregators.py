@@ -266,6 +266,33 @@ def _centered_clip(states, weights, reference, params) -> StateDict:
 DNC_ITERATIONS, DNC_SUBSAMPLE, DNC_FILTER = 5, 10_000, 1.0
 
 
+def dnc_scores(updates: torch.Tensor, dims: torch.Tensor | slice) -> torch.Tensor:
+    """Each client's outlier score on coordinates ``dims``: the squared
+    projection of its centred update on the centred updates' top right
+    singular vector (NDSS 2021, Alg. 2, lines 4-7)."""
+    sub = updates[:, dims]
+    centred = sub - sub.mean(dim=0)
+    top = torch.linalg.svd(centred, full_matrices=False).Vh[0]
+    return (centred @ top).pow(2)
+
+
+def dnc_select(scores: Sequence[torch.Tensor], keep: int) -> list[int]:
+    """The positions among the ``keep`` lowest scores of every iteration (an
+    intersection); when none is, the ``keep`` lowest summed scores (logged)."""
+    kept: set[int] | None = None
+    for s in scores:
+        good = set(torch.argsort(s, stable=True)[:keep].tolist())
+        kept = good if kept is None else kept & good
+    if not kept:
+        log.warning(
+            "dnc: no client kept in all %d iterations; keeping the %d lowest summed scores",
+            len(scores),
+            keep,
+        )
+        kept = set(torch.argsort(torch.stack(list(scores)).sum(dim=0), stable=True)[:keep].tolist())
+    return sorted(kept)
+
+
 def dnc_keep(
     updates: torch.Tensor,
     f: int,
@@ -274,31 +301,17 @@ def dnc_keep(
     subsample: int = DNC_SUBSAMPLE,
     seed: int = 0,
 ) -> list[int]:
-    """The positions Divide-and-Conquer keeps: those among the n − c·f lowest
-    outlier scores in every iteration (the scores: the centred updates'
-    squared projections on their top right singular vector)."""
+    """The positions Divide-and-Conquer keeps of ``updates`` (n × d): it scores
+    ``iterations`` random draws of ``subsample`` coordinates (all of them when
+    d is smaller) and keeps n − c·f clients (at least one)."""
     n, d = updates.shape
     keep = max(1, n - math.floor(DNC_FILTER * f))
     gen = torch.Generator().manual_seed(seed)
-    kept: set[int] | None = None
-    total = torch.zeros(n, dtype=torch.float64)
-    for _ in range(iterations):
-        dims = torch.randperm(d, generator=gen)[:subsample] if d > subsample else slice(None)
-        sub = updates[:, dims]
-        centred = sub - sub.mean(dim=0)
-        top = torch.linalg.svd(centred, full_matrices=False).Vh[0]
-        scores = (centred @ top).pow(2)
-        total += scores
-        good = set(torch.argsort(scores, stable=True)[:keep].tolist())
-        kept = good if kept is None else kept & good
-    if not kept:
-        log.warning(
-            "dnc: no client kept in all %d iterations; keeping the %d lowest summed scores",
-            iterations,
-            keep,
-        )
-        kept = set(torch.argsort(total, stable=True)[:keep].tolist())
-    return sorted(kept)
+    draws = [
+        torch.randperm(d, generator=gen)[:subsample] if d > subsample else slice(None)
+        for _ in range(iterations)
+    ]
+    return dnc_select([dnc_scores(updates, dims) for dims in draws], keep)
 
 
 @AGGREGATORS.register("dnc")

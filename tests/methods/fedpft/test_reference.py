@@ -21,7 +21,9 @@ from the run seed (Flower: one seed for every class), fits float64 features
 then agree to a float16 step), sends classes with n_c ≤ K under the default
 ``small_classes: fewer`` (Flower drops them; ``drop`` is Flower's rule), and
 samples with torch's generator instead of numpy's (the same law, tested by
-moments: the draws themselves differ).
+moments: the draws themselves differ), seeded per (client, class) where
+Flower's server gives every mixture one ``random_state`` (two equal mixtures
+would draw the same features there; docs/methods/fedpft.md).
 """
 
 from __future__ import annotations

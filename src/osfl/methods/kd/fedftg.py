@@ -96,9 +96,9 @@ class FedFTGConfig(KDConfig):
     inner_steps: int = 5
     #: weight of the generator's class-weighted cross-entropy
     cls_weight: float = 1.0
-    #: weight of the generator's discrepancy (adversarial) term
+    #: weight of the generator's diversity term (``dis``: diversity)
     dis_weight: float = 1.0
-    #: weight of the generator's diversity term
+    #: weight of the generator's model-discrepancy (adversarial) term (``md``)
     md_weight: float = 1.0
 
     def __post_init__(self) -> None:
