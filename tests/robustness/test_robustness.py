@@ -376,13 +376,25 @@ def test_dnc_scores_are_centred_projections_on_the_top_singular_vector() -> None
     assert int(got.argmax()) == 3 and dnc_keep(updates, 1) == [0, 1, 2, 4]
 
 
-def test_dnc_select_intersects_the_iterations_and_falls_back_to_the_summed_scores() -> None:
+def test_dnc_select_intersects_the_iterations_and_falls_back_to_the_summed_scores(caplog) -> None:
     from osfl.fl.aggregators import dnc_select
 
     scores = [torch.tensor([0.0, 1.0, 5.0]), torch.tensor([5.0, 1.0, 0.0])]
     assert dnc_select(scores, 2) == [1]  # {0, 1} ∩ {1, 2}
     assert dnc_select(scores, 1) == [1]  # {0} ∩ {2} is empty: sums 5, 2, 5
     assert dnc_select(scores[:1], 2) == [0, 1]
+    # equal scores keep the clients' order, in an iteration and in the fallback
+    assert dnc_select([torch.zeros(40)], 10) == list(range(10))
+    halves = [
+        torch.cat([torch.zeros(20), torch.ones(20)]),
+        torch.cat([torch.ones(20), torch.zeros(20)]),
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert dnc_select(halves, 20) == list(range(20))  # {0..19} ∩ {20..39} is empty
+    assert [r.getMessage() for r in caplog.records] == [
+        "dnc: no client kept in all 2 iterations; keeping the 20 lowest summed scores"
+    ]
 
 
 def test_dnc_drops_f_clients_and_keeps_one_at_least() -> None:
