@@ -25,9 +25,9 @@ MEMBER_FILTERS = ("none", "finite", "finite_norm")
 class ServerConfig:
     """``aggregator``: how weight-averaging methods combine client states
     (``mean``, ``median``, ``trimmed_mean``, ``krum``, ``multi_krum``,
-    ``norm_clip``, ``centered_clip``; :data:`osfl.fl.aggregators.AGGREGATORS`),
+    ``norm_clip``, ``centered_clip``, ``dnc``; :data:`osfl.fl.aggregators.AGGREGATORS`),
     with ``trim_fraction`` (trimmed mean: the share cut at each end),
-    ``byzantine`` (Krum's f), ``krum_select`` (Multi-Krum's m; null: n − f),
+    ``byzantine`` (Krum's and Divide-and-Conquer's f), ``krum_select`` (Multi-Krum's m; null: n − f),
     ``clip_norm`` (norm and centered clipping's τ; null: the median update norm
     of the round) and ``cc_iterations`` (centered clipping's most iterations;
     it stops earlier at its fixed point). ``member_filter``: ``none``, ``finite`` (a
