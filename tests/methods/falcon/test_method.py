@@ -654,3 +654,13 @@ def test_sampling_follows_the_given_generator_and_the_tokens_drawn_so_far(varian
             h = g.hidden(g.layout.inputs(g, y, None))[:, 1:].reshape(3 * V, -1)
             ref = sample_gmm(*g.head(h), ref_gen).reshape(3, V, -1)
     assert torch.equal(got, ref)
+
+
+def test_sampling_starts_from_tokens_on_the_generators_device() -> None:
+    """The zero tokens a sequence is sampled from live where the generator's
+    weights do (a CUDA generator must not start from CPU zeros); the "meta"
+    device shows it without a GPU."""
+    g = SequenceGenerator(3, 4, 2, GeneratorConfig(depth=1, width=8, heads=2, components=2))
+    y = torch.tensor([0, 1], device="meta")
+    zeros = g.to("meta").zeros_like_tokens(y, 2)
+    assert zeros.device.type == "meta" and zeros.shape == (2, 2, 3)
