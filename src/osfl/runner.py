@@ -43,6 +43,7 @@ from osfl.privacy.audit import audit_markdown
 from osfl.record import RunRecord
 from osfl.rundir import RunDir
 from osfl.trackers import RunInfo, SummaryTable, TrackerGroup, check_installed, round_scalars
+from osfl.trackers.base import flatten
 
 
 @dataclass
@@ -110,7 +111,7 @@ def _with_display_of(cfg: ExperimentConfig, stored: str) -> str:
 def config_differences(stored: str, given: str, most: int = 3) -> str:
     """Which keys two resolved configs (YAML) differ in, e.g. ``train.epochs
     (2 here, 1 in the run)``; at most ``most`` of them, then how many more."""
-    a, b = _flatten(yaml.safe_load(stored)), _flatten(yaml.safe_load(given))
+    a, b = flatten(yaml.safe_load(stored)), flatten(yaml.safe_load(given))
     keys = [k for k in sorted(a.keys() | b.keys()) if a.get(k, _MISSING) != b.get(k, _MISSING)]
     shown = [
         f"{k} ({_show(b.get(k, _MISSING))} here, {_show(a.get(k, _MISSING))} in the run)"
@@ -125,17 +126,6 @@ _MISSING = object()
 
 def _show(value: Any) -> str:
     return "unset" if value is _MISSING else json.dumps(value, default=str)
-
-
-def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
-    """``{"train": {"epochs": 1}}`` -> ``{"train.epochs": 1}`` (lists are leaves)."""
-    if not isinstance(node, Mapping):
-        return {prefix: node} if prefix else {}
-    out: dict[str, Any] = {}
-    for k, v in node.items():
-        key = f"{prefix}.{k}" if prefix else str(k)
-        out.update(_flatten(v, key) if isinstance(v, Mapping) and v else {key: v})
-    return out
 
 
 def _finished(out: Path) -> list[dict[str, Any]]:
