@@ -186,13 +186,13 @@ def close(ours: torch.Tensor, theirs: torch.Tensor, rel: float = 1e-9) -> None:
     )
 
 
-def tiny_vit(seed: int = 0, **kwargs: object):
+def tiny_vit(seed: int = 0, num_classes: int = 5, **kwargs: object):
     """FedMITR's tiny ViT: 8x8 images, 2-px patches -> 4x4 = 16 patches, 5 classes."""
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     return create_model(
         "vit_tiny_patch2_16",
-        num_classes=5,
+        num_classes=num_classes,
         img_size=8,
         in_chans=3,
         depth=2,

@@ -26,21 +26,8 @@ from osfl.methods.fedmitr import method as method_module
 from osfl.methods.fedmitr import sparse_inversion as sparse_module
 from osfl.methods.kd import DistillConfig, Distiller, EnsembleTeacher, InversionConfig, PoolBatch
 from osfl.methods.kd.priors import kd_kl
-from osfl.models import create_model
 from support.smoke import smoke_config, smoke_context
-
-
-def tiny_vit(seed: int, classes: int = 5) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return create_model(
-        "vit_tiny_patch2_16",
-        num_classes=classes,
-        img_size=8,
-        in_chans=3,
-        depth=2,
-        embed_dim=16,
-        num_heads=2,
-    ).eval()
+from support.tiny import tiny_vit
 
 
 def test_sparse_inversion_stops_the_least_attended_patches_on_schedule(monkeypatch) -> None:
