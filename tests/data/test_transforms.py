@@ -281,6 +281,79 @@ def test_color_jitter_device_path_gives_the_cpu_bits(c):
     assert torch.equal(dev, cpu) and not T.device_path("cpu")
 
 
+def _jitter_every_op_everywhere(jitter, x, g):
+    """The device path before issue #50: every enabled op on the whole batch
+    at every position, ``torch.where`` keeping it for its samples (16 op
+    passes per call with all four enabled): the reference the fused path
+    must equal bit for bit."""
+    from osfl.data import colour
+
+    u = colour._rand((x.shape[0], 8), g, x.device).to(x.dtype)
+    factors = [lo + (hi - lo) * u[:, i] for i, (lo, hi) in enumerate(jitter._ranges())]
+    values = (jitter.brightness, jitter.contrast, jitter.saturation, jitter.hue)
+    enabled = [i for i, v in enumerate(values) if v > 0]
+    order = torch.argsort(u[:, 4:], dim=1)
+    for pos in range(4):
+        for op in enabled:
+            here = (order[:, pos] == op).view(-1, 1, 1, 1)
+            x = torch.where(here, jitter._OPS[op](x, factors[op]), x)
+    return x
+
+
+@pytest.mark.parametrize(
+    ("c", "values"),
+    [(3, (0.4, 0.4, 0.4, 0.1)), (3, (0.8, 0.0, 0.0, 0.0)), (3, (0.0, 0.5, 0.9, 0.0)),
+     (3, (0.0, 0.0, 0.0, 0.5)), (3, (2.0, 2.0, 2.0, 0.5)), (1, (0.4, 0.4, 0.4, 0.0))],
+)  # fmt: skip
+def test_color_jitter_fused_device_path_equals_every_op_everywhere(c, values):
+    """Issue #50: the device path runs the three blends as one blend with
+    per-sample factor and reference, and hue once, per position; the same
+    bits as running every op at every position (large factors clamp)."""
+    jitter = T.ColorJitter(*values)
+    x = batch(b=65, c=c, h=7, w=9, seed=3)
+    with T.emulate_device_path():
+        fused = jitter(x, gen(11))
+    assert torch.equal(fused, _jitter_every_op_everywhere(jitter, x, gen(11)))
+    assert torch.equal(fused, jitter(x, gen(11)))  # and the CPU path's bits
+
+
+def test_color_jitter_device_path_runs_each_op_once_per_position(monkeypatch):
+    """8 op passes per call instead of 16 (hue once and one blend per
+    position), and fewer batch-sized tensors written: counted with a
+    dispatch mode over the whole call, in units of the batch."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from osfl.data import colour
+
+    class Written(TorchDispatchMode):
+        total = 0.0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if isinstance(out, torch.Tensor) and out._base is None:  # not a view
+                self.total += out.numel() / x.numel()
+            return out
+
+    calls: list[str] = []
+    hue = colour.adjust_hue
+
+    def counted_hue(*a):
+        calls.append("hue")
+        return hue(*a)
+
+    jitter = T.ColorJitter(0.4, 0.4, 0.4, 0.1)
+    x = batch(b=64, c=3, h=16, w=16)
+    with T.emulate_device_path():
+        with Written() as old:
+            reference = _jitter_every_op_everywhere(jitter, x, gen(2))
+        monkeypatch.setattr(colour, "adjust_hue", counted_hue)
+        monkeypatch.setattr(jitter, "_OPS", ())  # the blends must not call the ops
+        with Written() as new:
+            fused = jitter(x, gen(2))
+    assert torch.equal(fused, reference) and calls == ["hue"] * 4
+    assert new.total < 0.8 * old.total, (new.total, old.total)
+
+
 def test_constants_are_made_once_per_device_and_dtype():
     """A fresh torch.tensor on a GPU is a blocking copy per batch: Normalize's
     mean/std and the luma weights are cached, with the same values."""

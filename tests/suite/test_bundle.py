@@ -57,7 +57,7 @@ def _command(seen: list[str], interrupt_at: str | None = None, value: float = 0.
 
 
 def _run(out: Path, command, **kw) -> list:
-    req = SuiteRequest(out=out, budget_min=10.0, steps=STEPS, rates=RATES, **kw)
+    req = SuiteRequest(out=out, budget_min=10.0, steps=STEPS, rates=RATES, preflight="none", **kw)
     return run_suite(req, command, log=lambda s: None).planned
 
 
@@ -131,7 +131,7 @@ def test_ctrl_c_in_a_real_command_exits_130_and_runs_nothing_more(
     assert e.value.code == 130
     plan = json.loads((out / "plan.json").read_text())
     status = {s["step"]["name"]: s["status"] for s in plan["steps"]}
-    assert status == {"pretrain_vits16": "failed", "frozen_closed_a0.1": "skipped",
+    assert status == {"pretrain_vitti16": "failed", "frozen_closed_a0.1": "skipped",
                       "falcon_a0.1": "skipped"}  # fmt: skip
     assert not (out / "runs" / "frozen_closed_a0.1").exists()
 
@@ -149,10 +149,14 @@ def test_resume_trusts_done_only_while_the_outputs_hash_the_same(tmp_path: Path)
 
 def test_a_call_with_other_steps_keeps_what_earlier_calls_finished(tmp_path: Path) -> None:
     out = tmp_path / "suite"
-    req = SuiteRequest(out=out, budget_min=10.0, steps=STEPS, rates=RATES, step_names=["two"])
+    req = SuiteRequest(
+        out=out, budget_min=10.0, steps=STEPS, rates=RATES, step_names=["two"], preflight="none"
+    )
     run_suite(req, _command([]), log=lambda s: None)
     seen: list[str] = []
-    req = SuiteRequest(out=out, budget_min=10.0, steps=STEPS, rates=RATES, step_names=["three"])
+    req = SuiteRequest(
+        out=out, budget_min=10.0, steps=STEPS, rates=RATES, step_names=["three"], preflight="none"
+    )
     planned = run_suite(req, _command(seen), log=lambda s: None).planned
     assert seen == ["three"]
     assert [(p.step.name, p.status) for p in planned] == [("two", "done"), ("three", "done")]
@@ -167,7 +171,7 @@ def test_forced_steps_and_what_they_need_run_whatever_their_estimates(tmp_path: 
     reader = Step(**{**_step("reader").__dict__, "needs": ("one",)})
     seen: list[str] = []
     req = SuiteRequest(out=tmp_path, budget_min=1.0, steps=[*STEPS, reader], rates=slow,
-                       step_names=["reader"])  # fmt: skip
+                       step_names=["reader"], preflight="none")  # fmt: skip
     planned = run_suite(req, _command(seen), log=lambda s: None).planned
     assert seen == ["one", "reader"]
     assert [(p.step.name, p.status, p.reason) for p in planned] == [
@@ -213,7 +217,8 @@ def test_a_damaged_suite_file_is_one_line(tmp_path: Path, capsys, name: str, tex
     out = tmp_path / "suite"
     _run(out, _command([]))
     (out / name).write_text(text)
-    argv = ["suite", "run", "--budget", "5", "--out", str(out), "--sections", "mfu"]
+    argv = ["suite", "run", "--budget", "5", "--out", str(out), "--sections", "mfu",
+            "--preflight", "none"]  # fmt: skip
     with pytest.raises(SystemExit) as e:
         main(argv)
     err = capsys.readouterr().err.strip()
@@ -230,6 +235,14 @@ def test_a_budget_that_is_not_a_positive_finite_number_is_refused(
     err = capsys.readouterr().err.strip()
     assert e.value.code == 2 and "positive, finite number of minutes" in err and "\n" not in err
     assert not (tmp_path / "s").exists()
+    if budget == "0":  # no later command: a valid --then
+        return
+    with pytest.raises(SystemExit) as e:
+        main(["suite", "run", "--budget", "5", f"--then={budget}", "--dry-run",
+              "--out", str(tmp_path / "t")])  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "the later command must be a non-negative" in err
+    assert not (tmp_path / "t").exists()
 
 
 # --------------------------------------------------------------------------- import
@@ -284,7 +297,8 @@ def test_import_puts_rows_into_reproduction_and_merges_seeds(tmp_path: Path) -> 
     }
     steps = [_step("fafi_salt_a0.1_seed0"), _step("fafi_salt_a0.1_seed2")]
     seen: list[str] = []
-    req = SuiteRequest(out=tmp_path / "s", budget_min=10, steps=steps, rates=RATES, repo=repo)
+    req = SuiteRequest(out=tmp_path / "s", budget_min=10, steps=steps, rates=RATES, repo=repo,
+                       preflight="none")  # fmt: skip
     planned = run_suite(req, _command(seen), log=lambda s: None).planned
     assert seen == ["fafi_salt_a0.1_seed2"]
     assert planned[0].status == "in_repo" and "gpu_suite_fafi.json" in planned[0].reason
@@ -292,7 +306,7 @@ def test_import_puts_rows_into_reproduction_and_merges_seeds(tmp_path: Path) -> 
     reader = Step(**{**_step("reader").__dict__, "needs": ("fafi_salt_a0.1_seed0",)})
     seen.clear()
     req = SuiteRequest(out=tmp_path / "s2", budget_min=10, steps=[steps[0], reader],
-                       rates=RATES, repo=repo)  # fmt: skip
+                       rates=RATES, repo=repo, preflight="none")  # fmt: skip
     planned = run_suite(req, _command(seen), log=lambda s: None).planned
     assert seen == ["fafi_salt_a0.1_seed0", "reader"]
     # a part of a row's clients (train_clients, ``feeds``) is done with its row
@@ -300,7 +314,7 @@ def test_import_puts_rows_into_reproduction_and_merges_seeds(tmp_path: Path) -> 
     row = Step(**{**steps[0].__dict__, "needs": (part.name,)})
     seen.clear()
     req = SuiteRequest(out=tmp_path / "s3", budget_min=10, steps=[part, row], rates=RATES,
-                       repo=repo)  # fmt: skip
+                       repo=repo, preflight="none")  # fmt: skip
     planned = run_suite(req, _command(seen), log=lambda s: None).planned
     assert seen == [] and [p.status for p in planned] == ["in_repo", "in_repo"]
 
@@ -346,3 +360,228 @@ def test_the_rlu_scripts_records_become_rows_with_the_papers_numbers(tmp_path: P
     )
     (r,) = step_rows(fig1, out, argv, dry_run=False)
     assert (r["method"], r["setting"], r["ours"]) == ("rlu", "round 5 (train acc 0.500)", 0.8)
+
+
+# --------------------------------------------------------------------------- issue #50
+def test_an_unknown_section_or_step_leaves_no_out(tmp_path: Path, capsys) -> None:
+    for bad in (["--sections", "nosuch"], ["--steps", "nosuch"]):
+        out = tmp_path / "never"
+        with pytest.raises(SystemExit) as e:
+            main(["suite", "run", "--budget", "5", "--dry-run", "--out", str(out), *bad])
+        err = capsys.readouterr().err.strip()
+        assert e.value.code == 2 and "unknown suite" in err and "\n" not in err
+        assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["plan.json", "rows.json", "rates.json"])
+def test_a_deeply_nested_suite_file_is_one_line(tmp_path: Path, capsys, name: str) -> None:
+    """``json.loads`` recurses per level: 100,000 brackets would be a
+    RecursionError; the suite's reader bounds the depth first (osfl.jsonio)."""
+    out = tmp_path / "suite"
+    _run(out, _command([]))
+    (out / name).write_text("[" * 100_000 + "]" * 100_000)
+    argv = ["suite", "run", "--budget", "5", "--out", str(out), "--sections", "mfu",
+            "--preflight", "none"]  # fmt: skip
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and name in err and "nested" in err and "\n" not in err
+
+
+def test_a_deeply_nested_or_special_pack_manifest_is_one_line(tmp_path: Path, capsys) -> None:
+    import os
+
+    pack_dir = tmp_path / "gpu_pack"
+    pack_dir.mkdir()
+    (pack_dir / "MANIFEST.json").write_text("{" * 50_000 + "}" * 50_000)
+    argv = ["suite", "run", "--budget", "5", "--dry-run", "--out", str(tmp_path / "s"),
+            "--pack", str(pack_dir), "--sections", "mfu"]  # fmt: skip
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "MANIFEST.json is unreadable" in err and "\n" not in err
+    (pack_dir / "MANIFEST.json").unlink()
+    os.mkfifo(pack_dir / "MANIFEST.json")  # a reader must not hang on it
+    from osfl.suite.pack import read_manifest
+
+    assert read_manifest(pack_dir) is None
+
+
+def test_a_bundle_holds_at_most_eight_files_with_the_job_log(tmp_path: Path) -> None:
+    from osfl.suite.bundle import MAX_FILES, returned_files
+
+    files = []
+    for i in range(4):
+        f = tmp_path / f"w{i}.safetensors"
+        f.write_bytes(b"x")
+        files.append(f)
+    big = tmp_path / "big.safetensors"
+    with big.open("wb") as fh:
+        fh.truncate(FILE_LIMIT + 1)
+    kept, left = returned_files([big, *files])
+    assert kept == files[:2] and len(BUNDLE_FILES) + len(kept) + 1 == MAX_FILES
+    assert left[0].startswith("big.safetensors (16.0 MiB, over 16)")
+    assert left[1:] == ["w2.safetensors (no room in the bundle)",
+                        "w3.safetensors (no room in the bundle)"]  # fmt: skip
+
+
+def _encoder_bundle(folder: Path, *, tamper: bool = False) -> Path:
+    """A bundle returning a (toy) bf16 encoder and its card, as the
+    encoder step's ``post`` leaves them."""
+    import hashlib
+
+    import torch
+    from safetensors.torch import save_file
+
+    from osfl.suite.steps import ENCODER
+
+    write_bundle(folder, plan={"machine": "NVIDIA H100", "steps": [], "started": "t0"},
+                 rows=[], markdown="", rates=RATES, members=[])  # fmt: skip
+    name = Path(ENCODER).name
+    weights = folder / name
+    save_file({"head.weight": torch.ones(2, 3, dtype=torch.bfloat16)}, str(weights))
+    sha = hashlib.sha256(weights.read_bytes()).hexdigest()
+    card = {"schema": "osfl.pretrain.card/1", "weights": {"file": name, "dtype": "bfloat16",
+            "sha256": "0" * 64 if tamper else sha}}  # fmt: skip
+    (folder / name.replace(".safetensors", ".card.json")).write_text(json.dumps(card))
+    return folder
+
+
+def test_import_commits_the_returned_encoder_and_later_jobs_read_it(tmp_path: Path) -> None:
+    """The encoder a bundle returns (bf16, its card's sha256) goes into
+    reproduction/gpu_suite/; the next job's encoder step is ``in_repo`` and
+    the steps that need it read that copy (no pretraining in the lease)."""
+    from osfl.suite.encoder import COMMITTED, committed_encoder
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "REPRODUCTION.md").write_text(PAGE)
+    counts = import_bundle(_encoder_bundle(tmp_path / "b"), repo)
+    assert counts == {"encoder": 1}
+    copy = committed_encoder(repo)
+    assert copy == repo / COMMITTED / "cifar5_vitti16_sup.safetensors"
+    assert copy.read_bytes() == (tmp_path / "b" / copy.name).read_bytes()
+    encoder_step = Step(name="pretrain_vitti16", section="pretrain", kind="mfu",
+                        argv=("suite", "mfu", "--out", "{out}"), tiny=(), work=Work({"decode": 1.0}))  # fmt: skip
+    reader = Step(name="reader", section="frozen", kind="mfu",
+                  argv=("suite", "mfu", "--enc", "{encoder}", "--out", "{out}"), tiny=(),
+                  work=Work({"decode": 1.0}), needs=("pretrain_vitti16",))  # fmt: skip
+    seen: list[str] = []
+    argvs: list[list[str]] = []
+
+    def command(argv):
+        argvs.append(list(argv))
+        return _command(seen)(argv)
+
+    req = SuiteRequest(out=tmp_path / "s", budget_min=10, steps=[encoder_step, reader],
+                       rates=RATES, repo=repo, preflight="none")  # fmt: skip
+    planned = run_suite(req, command, log=lambda s: None).planned
+    assert seen == ["reader"] and planned[0].status == "in_repo"
+    assert "the encoder is committed at" in planned[0].reason
+    assert argvs[0][argvs[0].index("--enc") + 1] == str(copy.resolve())
+
+
+def test_a_tampered_encoder_is_refused_in_one_line_and_nothing_is_written(
+    tmp_path: Path, capsys
+) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "REPRODUCTION.md").write_text(PAGE)
+    bundle = _encoder_bundle(tmp_path / "b", tamper=True)
+    with pytest.raises(SystemExit) as e:
+        main(["suite", "import", str(bundle), "--repo", str(repo)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "sha256 differs" in err and "\n" not in err
+    assert sorted(p.name for p in repo.iterdir()) == ["REPRODUCTION.md"]
+
+
+def test_import_writes_the_measured_rates_and_mfu_into_benchmarks(tmp_path: Path) -> None:
+    """A GPU job's bundle (rates measured there, the MFU step's variants):
+    BENCHMARKS.md's GPU section gets a generated table with the machine,
+    replaced (not repeated) when the same job is imported again; the job's
+    seconds go to reproduction/gpu_suite/state.json."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "REPRODUCTION.md").write_text(PAGE)
+    (repo / "BENCHMARKS.md").write_text("# Benchmarks\n\n## On a lent GPU (one H200)\n\nOld.\n")
+    rates = {**RATES, "resnet18_32": 31_234.5, "vits16_224": 4_900.0, "vitti16_224": 12_000.0,
+             "machine": "NVIDIA H200"}  # fmt: skip
+    mfu_rows = [{"section": "mfu", "step": "mfu_vitb16_bf16", "row": "mfu_vitb16_bf16",
+                 "method": f"MFU vit_base_patch16_224 bfloat16 ({v})", "setting": f"batch {b}",
+                 "paper": 40.0, "ours": m, "per_seed": [m], "scale": "gpu", "command": "osfl suite mfu",
+                 "achieved_tflops": t, "provenance": PROVENANCE}
+                for v, b, m, t in (("eager", 128, 26.1, 258.0), ("fused+compile+b256", 256, 41.5, 410.6))]  # fmt: skip
+    plan = {"machine": "NVIDIA H200", "started": "2026-12-01T10:00:00+00:00", "dry_run": False,
+            "overheads": {"preflight_s": 41.0, "rates_s": 28.0},
+            "steps": [{"step": {"name": "mfu_vitb16_bf16"}, "status": "done", "seconds": 150.0,
+                       "base_s": 120.0, "kind": "fixed", "estimate_s": 120.0}]}  # fmt: skip
+    write_bundle(tmp_path / "b", plan=plan, rows=mfu_rows, markdown="", rates=rates, members=[])
+    import_bundle(tmp_path / "b", repo)
+    import_bundle(tmp_path / "b", repo)  # again: the same job, replaced
+    page = (repo / "BENCHMARKS.md").read_text()
+    assert page.count("<!-- osfl suite import: gpu -->") == 1 and page.index("Old.") < page.index(
+        "<!-- osfl suite import: gpu -->"
+    )
+    line = next(x for x in page.splitlines() if x.startswith("| 2026-12-01"))
+    assert "NVIDIA H100 80GB HBM3, driver 580.1, CUDA 13.0, torch 2.11.0" in line
+    assert "| 31,234 | 4,900 | 12,000 |" in line
+    assert "eager: 26.1 % (258 TFLOP/s, batch 128); fused+compile+b256: 41.5 % (411 TFLOP/s" in line
+    state = json.loads((repo / "reproduction" / "gpu_suite" / "state.json").read_text())
+    assert len(state["jobs"]) == 1 and state["jobs"][0]["preflight_s"] == 41.0
+    assert state["jobs"][0]["steps"] == [{"step": "mfu_vitb16_bf16", "kind": "fixed",
+                                          "status": "done", "seconds": 150.0, "base_s": 120.0,
+                                          "estimate_s": 120.0}]  # fmt: skip
+
+
+def test_rows_on_a_self_pretrained_backbone_say_so_beside_the_papers_number(tmp_path: Path) -> None:
+    from osfl.suite.step_parts import BACKBONE
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "REPRODUCTION.md").write_text("# R\n\n## FedMITR\n")
+    row = {"section": "fedmitr", "step": "fedmitr_t1_a0.1_seed0", "row": "fedmitr_t1_a0.1",
+           "method": "fedmitr", "setting": "", "paper": 36.97, "ours": 51.2, "seeds": [0],
+           "per_seed": [51.2], "scale": "gpu", "command": "osfl run ...", "backbone": BACKBONE,
+           "paper_note": "FedMITR Table I", "scale_note": "substitutes: ...",
+           "provenance": PROVENANCE}  # fmt: skip
+    write_bundle(tmp_path / "b", plan={"steps": []}, rows=[row], markdown="", rates=RATES,
+                 members=[])  # fmt: skip
+    import_bundle(tmp_path / "b", repo)
+    line = next(
+        x for x in (repo / "REPRODUCTION.md").read_text().splitlines() if "| fedmitr |" in x
+    )
+    assert "| 36.97 | 51.20 |" in line and "| self-pretrained ViT-Ti/16" in line
+    assert "not the paper's backbone" in line
+
+
+@pytest.mark.parametrize(
+    "plan", [{"steps": [{"step": 3, "status": "done", "seconds": 1.0, "base_s": 1.0}]},
+             {"steps": "nope"}, {"steps": [[]]}],
+)  # fmt: skip
+def test_a_damaged_bundle_plan_is_refused_in_one_line_before_anything_is_written(
+    tmp_path: Path, capsys, plan: dict
+) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "REPRODUCTION.md").write_text(PAGE)
+    bundle = _bundle(tmp_path / "b", {0: 70.0}, "fafi_salt_a0.1_seed0")
+    (bundle / "plan.json").write_text(json.dumps(plan))
+    with pytest.raises(SystemExit) as e:
+        main(["suite", "import", str(bundle), "--repo", str(repo)])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "is damaged" in err and "\n" not in err
+    assert sorted(p.name for p in repo.iterdir()) == ["REPRODUCTION.md"]
+
+
+def test_what_a_bundle_cannot_teach_is_left_out_of_the_state(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "REPRODUCTION.md").write_text(PAGE)
+    bundle = _bundle(tmp_path / "b", {0: 70.0}, "fafi_salt_a0.1_seed0")
+    steps = [{"step": {"name": "x"}, "status": "done", "seconds": "long", "base_s": 1.0},
+             {"step": {"name": "y"}, "status": "failed", "reason": "OOM", "seconds": 3.0,
+              "base_s": 1.0}]  # fmt: skip
+    (bundle / "plan.json").write_text(json.dumps({"steps": steps, "started": 7}))
+    import_bundle(bundle, repo)
+    state = json.loads((repo / "reproduction" / "gpu_suite" / "state.json").read_text())
+    assert state["jobs"][0]["started"] == "7" and state["jobs"][0]["steps"] == []

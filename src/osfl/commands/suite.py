@@ -1,5 +1,5 @@
-"""``osfl suite run|list|pack|mfu|import``: a lent GPU's budget as paper-scale
-runs and REPRODUCTION rows (docs/gpu-suite.md)."""
+"""``osfl suite run|plan|list|pack|mfu|import``: a lent GPU's budget as
+paper-scale runs and REPRODUCTION rows (docs/gpu-suite.md)."""
 
 from __future__ import annotations
 
@@ -10,14 +10,43 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from osfl.errors import ConfigError
+
 if TYPE_CHECKING:
     from osfl.suite.execute import RunCommand
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``osfl suite plan``: what ``--leases`` successive leases would run at
+    the rates of ``--rates``, with the repository's rows, encoder and learned
+    factors (no GPU; :mod:`osfl.suite.preview`)."""
+    # heavy: the planner and the bundle readers (~30 ms); `osfl --help` needs none of it
+    from osfl.suite.bundle import read_json
+    from osfl.suite.encoder import committed_encoder  # heavy: the planner
+    from osfl.suite.learn import learned_in  # heavy: the planner
+    from osfl.suite.preview import preview_leases, preview_text  # heavy: the planner
+    from osfl.suite.step_io import check_budget, rows_in_repo  # heavy: numpy (the pack)
+
+    check_budget(args.minutes, what="--minutes")
+    check_budget(args.lease_minutes, what="--lease-minutes")
+    if args.leases < 1:
+        raise ConfigError(f"--leases must be at least 1, got {args.leases}")
+    repo = Path(args.repo)
+    sections = [s for s in (args.sections or "").split(",") if s]
+    pv = preview_leases(read_json(Path(args.rates), dict), minutes=args.minutes,
+                        leases=args.leases, sections=sections, in_repo=rows_in_repo(repo),
+                        encoder=committed_encoder(repo) is not None, learned=learned_in(repo),
+                        lease_minutes=args.lease_minutes)  # fmt: skip
+    print(preview_text(pv, args.lease_minutes), end="")
+    return 0
+
+
 def cmd_suite(args: argparse.Namespace, run_command: RunCommand) -> int:
-    """``osfl suite run|list|pack|mfu|import``: a lent GPU's minutes as
+    """``osfl suite run|plan|list|pack|mfu|import``: a lent GPU's minutes as
     REPRODUCTION rows (docs/gpu-suite.md). ``run_command`` runs one osfl
     command in this process (``osfl.cli.main``, which the CLI hands in)."""
+    if args.suite_command == "plan":
+        return cmd_plan(args)
     if args.suite_command == "mfu":
         # heavy: torch (the benchmark)
         from osfl.suite import mfu
@@ -44,7 +73,12 @@ def cmd_suite(args: argparse.Namespace, run_command: RunCommand) -> int:
 
         counts = import_bundle(Path(args.bundle), Path(args.repo), allow_dry_run=args.allow_dry_run)
         for section, n in counts.items():
-            print(f"{section}: {n} row(s) -> reproduction/gpu_suite_{section}.json")
+            if section == "encoder":
+                print("encoder -> reproduction/gpu_suite/ (commit it: later leases read it)")
+            else:
+                print(f"{section}: {n} row(s) -> reproduction/gpu_suite_{section}.json")
+        print("the job's seconds -> reproduction/gpu_suite/state.json; rates and MFU -> "
+              "BENCHMARKS.md")  # fmt: skip
         return 0
     # heavy: the catalogue and planner (~20 ms); `osfl --help` needs none of it
     from osfl.suite.catalogue import STEPS
@@ -67,7 +101,8 @@ def cmd_suite(args: argparse.Namespace, run_command: RunCommand) -> int:
     req = SuiteRequest(out=Path(args.out), budget_min=args.budget, sections=sections,
                        step_names=names, dry_run=args.dry_run, pack_dir=pack_dir, rates=rates,
                        bundle=Path(args.bundle) if args.bundle else None,
-                       repo=None if args.dry_run else Path("."))  # fmt: skip
+                       repo=None if args.dry_run else Path("."), then_min=args.then,
+                       preflight=args.preflight)  # fmt: skip
     result = run_suite(req, run_command)
     done = sum(p.status == "done" for p in result.planned)
     print(f"{done} of {len(result.planned)} steps finished in {result.wall_s:.0f} s "
@@ -96,7 +131,24 @@ def add_parser(sub: Any, run_command: RunCommand) -> None:
                       "need), run even when over the plan's budget or cap")  # fmt: skip
     srun.add_argument("--rates", help="a rates.json to plan with instead of measuring")
     srun.add_argument("--bundle", help="where the bundle goes (default OUT/bundle)")
+    srun.add_argument("--then", type=float, default=0.0,
+                      help="minutes of the lease's later command on this machine (default 0: "
+                      "none; scripts/gpu_job.sh sets it)")  # fmt: skip
+    srun.add_argument("--preflight", default="auto", choices=["auto", "all", "imports", "none"],
+                      help="before any step: the imports and every method on the GPU (all), the "
+                      "imports only, or nothing (default auto: all, imports in a dry run)")  # fmt: skip
     srun.set_defaults(func=func)
+    splan = ssub.add_parser("plan", help="preview what successive leases would run (no GPU)")
+    splan.add_argument("--rates", required=True, help="a rates.json (a job's, or by hand)")
+    splan.add_argument("--minutes", type=float, default=10.0,
+                       help="the first command's minutes (default 10; the later one gets what "
+                       "is left of the lease)")  # fmt: skip
+    splan.add_argument("--leases", type=int, default=3, help="how many leases (default 3)")
+    splan.add_argument("--lease-minutes", type=float, default=15.0,
+                       help="a lease's device minutes, the machine's start included (default 15)")  # fmt: skip
+    splan.add_argument("--sections", help="comma-separated sections (default all)")
+    splan.add_argument("--repo", default=".", help="the repository root (default .)")
+    splan.set_defaults(func=func)
     simp = ssub.add_parser("import", help="a job's bundle into reproduction/ and REPRODUCTION.md")
     simp.add_argument("bundle", help="the bundle folder a job returned")
     simp.add_argument("--repo", default=".", help="the repository root (default .)")

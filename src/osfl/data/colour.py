@@ -103,11 +103,16 @@ class ColorJitter(Transform):
     each op, at each of the four positions, on the samples that have it there.
 
     On the CPU those samples are gathered with ``nonzero()`` (each op runs on
-    its share only); on the device path (:func:`device_path`) each op runs on
-    the whole batch and ``torch.where`` keeps it for its samples: four times
-    the jitter arithmetic, but no ``nonzero()``, whose count must be copied to
-    the host (16 waits for the GPU per call). Every op is per sample, so both
-    give the same bits (``tests/data/test_transforms.py``).
+    its share only); on the device path (:func:`device_path`) no
+    ``nonzero()``, whose count must be copied to the host (16 waits for the
+    GPU per call): at each position every sample takes one op, so the three
+    blends (brightness, contrast, saturation: ``f·x + (1 - f)·ref`` with ref
+    0, the grey mean or the grey image) run as one blend with per-sample
+    ``f`` and ref, and hue once, each on the whole batch, ``torch.where``
+    keeping each sample's own (issue #50: 8 passes over the batch per call,
+    not the 16 of running every op at every position). Every op is per
+    sample and the blend is each op's own arithmetic in the same order, so
+    both paths give the same bits (``tests/data/test_transforms.py``).
     """
 
     _OPS: tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], ...] = (
@@ -151,10 +156,14 @@ class ColorJitter(Transform):
             return x
         order = torch.argsort(u[:, 4:], dim=1)  # per-sample permutation of the 4 ops
         if device_path(x.device):
+            if x.shape[1] not in (1, 3):  # (the ops themselves refuse such input)
+                for pos in range(4):
+                    for op in enabled:
+                        here = (order[:, pos] == op).view(-1, 1, 1, 1)
+                        x = torch.where(here, self._OPS[op](x, factors[op]), x)
+                return x
             for pos in range(4):
-                for op in enabled:
-                    here = (order[:, pos] == op).view(-1, 1, 1, 1)
-                    x = torch.where(here, self._OPS[op](x, factors[op]), x)
+                x = _jitter_position(x, order[:, pos], factors, enabled)
             return x
         x = x.clone()
         for pos in range(4):
@@ -163,3 +172,37 @@ class ColorJitter(Transform):
                 if idx.numel():
                     x[idx] = self._OPS[op](x[idx], factors[op][idx])
         return x
+
+
+def _jitter_position(
+    x: torch.Tensor, op: torch.Tensor, factors: list[torch.Tensor], enabled: list[int]
+) -> torch.Tensor:
+    """One position of :class:`ColorJitter`'s device path: sample ``i`` takes
+    op ``op[i]`` (0 brightness, 1 contrast, 2 saturation, 3 hue) with its
+    factor. Brightness, contrast and saturation are one blend ``f·x + (1 -
+    f)·ref`` (ref 0, the grey image's mean, the grey image: each op's own
+    formula, so the same bits), clamped; hue runs once; grey input keeps
+    saturation and hue as identities, as the ops do."""
+    grey = x.shape[1] == 1
+    sel = op.view(-1, 1, 1, 1)
+    out = x
+    blends = [i for i in enabled if i < 2 or (i == 2 and not grey)]
+    if blends:
+        f = factors[blends[-1]]
+        for i in reversed(blends[:-1]):
+            f = torch.where(op == i, factors[i], f)
+        g = x if grey else grayscale(x)
+        ref = torch.zeros((), dtype=x.dtype, device=x.device)
+        if 2 in blends:
+            ref = torch.where(sel == 2, g, ref)
+        if 1 in blends:
+            ref = torch.where(sel == 1, g.mean(dim=(1, 2, 3), keepdim=True), ref)
+        fb = _fac(f)
+        blended = (fb * x + (1 - fb) * ref).clamp_(0.0, 1.0)
+        here = sel == blends[0]
+        for i in blends[1:]:
+            here = here | (sel == i)
+        out = torch.where(here, blended, out)
+    if 3 in enabled and not grey:
+        out = torch.where(sel == 3, adjust_hue(x, factors[3]), out)
+    return out

@@ -10,7 +10,11 @@ the suite rewrites one flat folder (:data:`BUNDLE_FILES`):
 - ``rates.json``: the measured rates the plan priced work with;
 - ``records.tar.gz``: each finished step's records, model cards, configs and
   logs (never weights) and the suite's own log, capped at 16 MiB (the
-  largest members are left out first, and ``plan.json`` names them).
+  largest members are left out first, and ``plan.json`` names them);
+- the files a finished step ``returns`` as they are (the encoder's bf16
+  weights and card: :mod:`osfl.suite.encoder`), each at most 16 MiB, while
+  the folder stays within :data:`MAX_FILES` with the job script's
+  ``job.log``.
 
 Every file is written to a temporary name and moved into place, so a kill
 mid-write leaves the previous bundle whole.
@@ -21,12 +25,14 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import tarfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from osfl.errors import DataError
+from osfl.jsonio import loads
 
 #: The bundle's files, all in one folder.
 BUNDLE_FILES = ("plan.json", "rows.json", "reproduction_gpu.md", "rates.json", "records.tar.gz")
@@ -37,6 +43,10 @@ FILE_LIMIT = 16 * 2**20
 KEEP_SUFFIXES = (".json", ".md", ".log", ".yaml", ".txt", ".csv")
 #: Larger members (a plot, a long log) are left out before any record.
 MEMBER_LIMIT = 4 * 2**20
+#: What a lent machine returns at most, ``job.log`` (the script's) included.
+MAX_FILES = 8
+#: The largest JSON file the suite reads (its own plan and rows are far smaller).
+JSON_LIMIT = 64 * 2**20
 
 
 def _atomic_bytes(path: Path, data: bytes) -> None:
@@ -79,14 +89,35 @@ def make_archive(
         dropped.append(biggest[0])
 
 
+def returned_files(files: Sequence[Path]) -> tuple[list[Path], list[str]]:
+    """The files of ``files`` a bundle can return as they are (each at most
+    :data:`FILE_LIMIT`, distinct names, :data:`MAX_FILES` in all with
+    :data:`BUNDLE_FILES` and ``job.log``), and why the others are not."""
+    room = MAX_FILES - len(BUNDLE_FILES) - 1
+    kept: list[Path] = []
+    left: list[str] = []
+    for f in files:
+        if not f.is_file():
+            left.append(f"{f.name} (missing)")
+        elif f.stat().st_size > FILE_LIMIT:
+            left.append(f"{f.name} ({f.stat().st_size / 2**20:.1f} MiB, over 16)")
+        elif len(kept) >= room or f.name in BUNDLE_FILES or f.name in {k.name for k in kept}:
+            left.append(f"{f.name} (no room in the bundle)")
+        else:
+            kept.append(f)
+    return kept, left
+
+
 def write_bundle(folder: Path, *, plan: dict[str, Any], rows: list[dict[str, Any]],
                  markdown: str, rates: Mapping[str, Any] | None,
-                 members: list[tuple[str, Path]]) -> list[str]:  # fmt: skip
-    """Rewrite the bundle in ``folder`` (flat, :data:`BUNDLE_FILES`); returns
-    the archive members left out to keep it under :data:`FILE_LIMIT`."""
+                 members: list[tuple[str, Path]], files: Sequence[Path] = ()) -> list[str]:  # fmt: skip
+    """Rewrite the bundle in ``folder`` (flat, :data:`BUNDLE_FILES` and the
+    ``files`` steps return); returns the archive members left out to keep
+    it under :data:`FILE_LIMIT`."""
     folder.mkdir(parents=True, exist_ok=True)
     data, dropped = make_archive(members)
-    plan = {**plan, "bundle_left_out": dropped}
+    kept, left = returned_files(files)
+    plan = {**plan, "bundle_left_out": dropped + left}
     texts = {
         "plan.json": json.dumps(plan, indent=2) + "\n",
         "rows.json": json.dumps(rows, indent=2) + "\n",
@@ -96,17 +127,27 @@ def write_bundle(folder: Path, *, plan: dict[str, Any], rows: list[dict[str, Any
     for name, text in texts.items():
         _atomic_bytes(folder / name, text.encode())
     _atomic_bytes(folder / ARCHIVE, data)
+    for f in kept:
+        tmp = folder / (f.name + ".tmp")
+        shutil.copyfile(f, tmp)
+        os.replace(tmp, folder / f.name)
     return dropped
 
 
 def read_json(path: Path, kind: type) -> Any:
-    """``path``'s JSON, of type ``kind``; a missing or damaged file is one
-    :class:`DataError` line, never a traceback."""
+    """``path``'s JSON, of type ``kind``; a missing, special, oversized, not
+    UTF-8, too deeply nested or otherwise damaged file is one
+    :class:`DataError` line, never a traceback (:func:`osfl.jsonio.loads`'
+    bounds: no ``RecursionError``)."""
+    if not path.exists():
+        raise DataError(f"{path} is missing")
+    if not path.is_file():
+        raise DataError(f"{path} is not a regular file")
+    if path.stat().st_size > JSON_LIMIT:
+        raise DataError(f"{path} is larger than {JSON_LIMIT // 2**20} MiB: not the suite's")
     try:
-        doc = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise DataError(f"{path} is missing") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        doc = loads(path.read_bytes())
+    except (OSError, ValueError) as e:  # JSONDecodeError, UnicodeDecodeError, JSONBoundError
         raise DataError(f"{path} is damaged ({e})") from None
     if not isinstance(doc, kind):
         raise DataError(f"{path} is damaged (a JSON {kind.__name__} expected)")

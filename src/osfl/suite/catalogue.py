@@ -2,14 +2,16 @@
 make, in order of value (issues #32, #40).
 
 ``STEPS`` is the catalogue in the issue's order of value, one headline row
-per seed paper, each split into steps of at most 8 minutes at the H100's
-expected rates: FAFI Table 1 at α 0.1 (the paper's 50- and 100-epoch FAFI
-numbers first, as cheap rows; then the CE clients' and the SALT clients'
-training as separate steps sharing the client cache, the SALT clients in
-two ``train_clients`` parts before the step that finds them all cached), RLU Table 2 and
-Fig. 1, the encoder every frozen-encoder row needs, FedMITR Table I, FALCON
-Table 2 with the closed-form heads, EFTViT Table 1 (one step per method),
-the MFU benchmark, then more FAFI seeds. A step that uses some of
+per seed paper, split into steps that fit one command at the rates a
+lent GPU should reach (the planner, :mod:`osfl.suite.plan`, says at which
+rate each comes in reach): FAFI Table 1 at α 0.1 (the paper's 50- and
+100-epoch FAFI numbers first, as cheap rows; then the CE clients' and the
+SALT clients' training as separate steps sharing the client cache, the SALT
+clients in two ``train_clients`` parts before the step that finds them all
+cached, all three planned into one lease or none), RLU Table 2 and Fig. 1,
+the encoder (a ViT-Ti/16 kept in the repository once a lease made it),
+FedMITR Table I, FALCON Table 2 with the closed-form heads, EFTViT Table 1
+(one step per method), the MFU benchmark's variants, then more FAFI seeds. A step that uses some of
 CIFAR-10's classes decodes only those from the pack (the image folder's
 ``classes`` option beside its ``data.classes``). Each step has a ``tiny``
 form on digits (8 px; 16 px, LeNet-5's least, for the RLU scripts) that
@@ -59,8 +61,8 @@ STEPS: tuple[Step, ...] = (
         "methods=[fedpft,fedcgs,ghofl]",
         {"fedpft": 59.40, "fedcgs": 81.53},
         # features of 7,500 images at 224-px views; closed-form heads and
-        # FedPFT's mixtures (measured on an H200: 70 s, decoding included)
-        Work({"vits16_224": FORWARD * FROZEN_IMAGES, **FROZEN_DATA}, fixed_s=30.0),
+        # FedPFT's mixtures (on the ViT-S/16, on an H200: 70 s, decoding included)
+        Work({"vitti16_224": FORWARD * FROZEN_IMAGES, **FROZEN_DATA}, fixed_s=30.0),
     ),
     frozen_step(
         "falcon_a0.1",
@@ -68,7 +70,7 @@ STEPS: tuple[Step, ...] = (
         {"falcon": 79.93},
         # five views of every image (global + 2x2 regions), then the three fits
         Work(
-            {"vits16_224": 5 * FORWARD * FROZEN_IMAGES, **FROZEN_DATA},
+            {"vitti16_224": 5 * FORWARD * FROZEN_IMAGES, **FROZEN_DATA},
             fixed_s=180.0,
             note="the three fits (generator, classifiers, server): guessed, not measured",
         ),

@@ -1,44 +1,50 @@
-"""``osfl suite run``: measure, plan within the budget, run in order of
-value, and hand back the rows of what finished (issues #32, #40).
+"""``osfl suite run``: prove the GPU path, measure, plan within the lease,
+run in order of value, and hand back the rows of what finished (issues
+#32, #40, #50).
 
 The commands run in this process through the ``run_command`` the CLI hands
 in (``osfl.cli.main``: the very code path of ``osfl run`` / ``osfl
 pretrain``; a ``script`` step's benchmark script runs through its own
 ``main``), each into its own directory; a step that fails is recorded with
 its error and the suite goes on; Ctrl-C (or the job's inner timeout, which
-sends SIGINT) stops it: the step is marked ``failed`` (interrupted), the
-plan written, no further step run, exit status 130. Written under the
-suite's directory:
+sends SIGINT) stops it: the step is marked ``failed`` (interrupted) with
+the seconds it ran, the plan written, no further step run, exit status
+130. In order:
 
-- ``rates.json``: the measured rates (:mod:`osfl.suite.rates`), reused by a
-  later call into the same directory;
-- ``plan.json``: every step with its estimate, status (``planned`` /
-  ``skipped`` and why / ``done`` / ``failed`` / ``in_repo``), seconds and the
-  sha256 of its outputs, rewritten after every step;
-- ``runs/<step>/``: each command's own output;
-- ``rows.json`` and ``reproduction_gpu.md``: one row per method and setting
-  of every finished step (:mod:`osfl.suite.rows`), rewritten after every step;
-- ``suite.log``: what the suite printed;
-- the bundle (:mod:`osfl.suite.bundle`; ``--bundle``, default
-  ``<out>/bundle``): all of that, flat, within a lent machine's return
-  limits, rewritten after every finished step.
+1. the preflight (:mod:`osfl.suite.preflight`): every module the catalogue
+   imports and every method's tiny run on the GPU; a failure stops the job
+   in one line (exit 2) with the report in ``plan.json``;
+2. the rates (:mod:`osfl.suite.rates`), reused from ``rates.json`` by a
+   later call into the same directory;
+3. the plan (:mod:`osfl.suite.plan`): the estimates (work over the rates,
+   times what earlier leases taught: :mod:`osfl.suite.learn`), placed in
+   this command and the lease's later one (``then_min``), 10 % of the
+   budget left unplanned (:mod:`osfl.suite.lease`);
+4. the steps planned into this command, the rows and the bundle
+   (:mod:`osfl.suite.bundle`) rewritten after each.
+
+Written under the suite's directory: ``rates.json``, ``plan.json`` (every
+step with its estimate, its learned factor, status, seconds and the sha256
+of its outputs; the preflight; the seconds before the first step),
+``runs/<step>/``, ``rows.json`` and ``reproduction_gpu.md``
+(:mod:`osfl.suite.rows`), ``suite.log``, and the bundle (``--bundle``,
+default ``<out>/bundle``).
 
 A second call into the same directory goes on from the first (steps it
-finished stay in the plan and the rows even when this call selects others):
-a step is "done" only while every output it finished with still has its sha256;
-``rows.json``, if missing, is rebuilt from the done steps' directories; a
-damaged ``plan.json`` or ``rows.json`` is one error line (exit 2). Steps
-whose rows are already in the repository (``reproduction/gpu_suite_*.json``,
-written by ``osfl suite import``) are not run again.
+finished stay in the plan and the rows even when this call selects others;
+a passed preflight is not run again): a step is "done" only while every
+output it finished with still has its sha256; ``rows.json``, if missing, is
+rebuilt from the done steps' directories; a damaged ``plan.json`` or
+``rows.json`` is one error line (exit 2). Steps whose rows are already in
+the repository (``reproduction/gpu_suite_*.json``, written by ``osfl suite
+import``) are not run again, nor is the encoder once the repository holds
+it (:mod:`osfl.suite.encoder`).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
-import math
-import os
-import runpy
-import shutil
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -49,14 +55,43 @@ from typing import Any
 from osfl.errors import ConfigError, DataError
 from osfl.suite.bundle import archive_members, read_json, write_bundle
 from osfl.suite.catalogue import STEPS
-from osfl.suite.pack import packed_imagefolder, sha256_file
-from osfl.suite.plan import Planned, make_plan, select_steps
+from osfl.suite.encoder import POSTPROCESS, committed_encoder
+from osfl.suite.learn import Learned, learned_in
+from osfl.suite.lease import (
+    COMMAND_MINUTES,
+    command_budget_s,
+    first_overhead_s,
+    lease_capacities,
+    plannable_s,
+)
+from osfl.suite.plan import Planned, make_plan, mark_in_repo, select_steps
+from osfl.suite.preflight import PreflightError, run_preflight
+from osfl.suite.pricing import Pricing
 from osfl.suite.rates import check_rates, measure_rates, read_rates
 from osfl.suite.rows import rows_markdown, step_rows
-from osfl.suite.steps import ENCODER, Step, command_text
+from osfl.suite.step_io import (
+    atomic_write,
+    check_budget,
+    free_gpu,
+    fresh_dir,
+    output_hashes,
+    outputs_intact,
+    resolve,
+    rows_in_repo,
+    run_script,
+    use_pack,
+    with_overrides,
+)
+from osfl.suite.steps import ENCODER, ENCODER_STEP, Step, command_text
+
+__all__ = ["SuiteRequest", "SuiteResult", "check_budget", "rows_in_repo", "run_suite",
+           "with_overrides"]  # fmt: skip
 
 RunCommand = Callable[[Sequence[str]], int]
 Measure = Callable[..., dict[str, Any]]
+#: ``preflight(mode, scripts)``: the report of :mod:`osfl.suite.preflight`'s checks.
+Preflight = Callable[[str, Sequence[str]], dict[str, Any]]
+PREFLIGHT_MODES = ("auto", "all", "imports", "none")
 
 
 @dataclass
@@ -73,8 +108,13 @@ class SuiteRequest:
     rates: Mapping[str, Any] | None = None
     #: where the bundle goes (None: ``<out>/bundle``)
     bundle: Path | None = None
-    #: the repository whose ``reproduction/gpu_suite_*.json`` rows are not re-run
+    #: the repository whose rows, encoder and learned factors the plan reads
     repo: Path | None = None
+    #: minutes of the lease's later command on this machine (0: none follows)
+    then_min: float = 0.0
+    #: ``all`` (imports and every method on the GPU), ``imports``, ``none``;
+    #: ``auto``: ``all`` on a real run, ``imports`` in a dry run
+    preflight: str = "auto"
 
 
 @dataclass
@@ -85,96 +125,6 @@ class SuiteResult:
     wall_s: float = 0.0
 
 
-def with_overrides(step: Step, argv: Sequence[str], extra: Sequence[str]) -> list[str]:
-    """``argv`` with ``extra`` added where they take effect: key=value
-    overrides before the first option (argparse reads one run of
-    positionals), the benchmark's options at the end (the last one wins)."""
-    argv = list(argv)
-    if step.kind == "mfu":
-        return [*argv, *extra]
-    at = next((i for i, a in enumerate(argv) if i > 0 and a.startswith("--")), len(argv))
-    return [*argv[:at], *extra, *argv[at:]]
-
-
-def _resolve(argv: Sequence[str], values: Mapping[str, Path]) -> list[str]:
-    out = []
-    for a in argv:
-        for key, value in values.items():
-            a = a.replace("{" + key + "}", str(value))
-        out.append(a)
-    return out
-
-
-def use_pack(pack_dir: Path | None, log: Callable[[str], None]) -> None:
-    """Point ``OSFL_CIFAR10`` at the pack's image file (checked, read in
-    memory by ``imagefolder:<file>.npz``) unless it already names a path
-    that exists."""
-    if pack_dir is None:
-        return
-    path = packed_imagefolder(pack_dir)
-    if path is None:
-        return
-    current = os.environ.get("OSFL_CIFAR10")
-    if current and Path(current).exists():
-        log(f"OSFL_CIFAR10={current} exists: the pack's copy is not used")
-        return
-    os.environ["OSFL_CIFAR10"] = str(path)
-    log(f"OSFL_CIFAR10={path} (the pack, read in memory)")
-
-
-def _free_gpu() -> None:
-    # heavy: torch, only to hand a finished step's cached GPU memory back
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def run_script(argv: Sequence[str]) -> int:
-    """A ``script`` step: ``PATH ARGS...``, the benchmark script's own
-    ``main(ARGS)`` in this process (no new Python, no second CUDA start)."""
-    path, *args = argv
-    if not Path(path).is_file():
-        raise ConfigError(f"{path} does not exist (run the suite from the repository root)")
-    module = runpy.run_path(path, run_name="osfl_suite_script")
-    rc = module["main"](list(args))
-    return 0 if rc is None else int(rc)
-
-
-def output_hashes(root: Path) -> dict[str, str]:
-    """sha256 of every file under a finished step's directory, by relative path."""
-    return {
-        str(f.relative_to(root)): sha256_file(f) for f in sorted(root.rglob("*")) if f.is_file()
-    }
-
-
-def outputs_intact(p: Planned) -> str:
-    """Why ``p``'s outputs can no longer be trusted ("" when they all match)."""
-    if p.out is None or not p.outputs:
-        return "no outputs recorded"
-    root = Path(p.out)
-    for rel, digest in p.outputs.items():
-        f = root / rel
-        if not f.is_file():
-            return f"{f} is missing"
-        if sha256_file(f) != digest:
-            return f"{f} changed since the step finished"
-    return ""
-
-
-def rows_in_repo(repo: Path | None) -> dict[str, str]:
-    """Step name -> the file of ``repo/reproduction/`` that already holds its
-    rows (written by ``osfl suite import``)."""
-    if repo is None:
-        return {}
-    found: dict[str, str] = {}
-    for f in sorted((repo / "reproduction").glob("gpu_suite_*.json")):
-        for entry in read_json(f, list):
-            for name in entry.get("steps", []) if isinstance(entry, dict) else []:
-                found[name] = f"reproduction/{f.name}"
-    return found
-
-
 class _Suite:
     def __init__(self, req: SuiteRequest, run_command: RunCommand, clock: Callable[[], float],
                  log: Callable[[str], None], script: RunCommand = run_script):  # fmt: skip
@@ -182,6 +132,7 @@ class _Suite:
         self.run_script = script
         self._print = log
         self.start = clock()
+        self.started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
         self.budget_s = 60.0 * req.budget_min
         self.catalogue = list(req.steps) if req.steps is not None else list(STEPS)
         steps = select_steps(req.sections, self.catalogue, names=req.step_names)
@@ -191,6 +142,12 @@ class _Suite:
         self.by_name = {p.step.name: p for p in self.planned}
         self.rows: list[dict[str, Any]] = []
         self.rates: dict[str, Any] | None = None
+        self.learned = Learned() if req.dry_run else learned_in(req.repo)
+        self.encoder_copy = None if req.dry_run else committed_encoder(req.repo)
+        self.preflight_doc: dict[str, Any] = {}
+        self.overheads: dict[str, float] = {"preflight_s": 0.0, "rates_s": 0.0}
+        self.capacities: dict[str, list[float]] = {}
+        self.current: tuple[Planned, float] | None = None
         self.resume()
 
     def log(self, text: str) -> None:
@@ -204,9 +161,9 @@ class _Suite:
         """Go on from an earlier call into the same directory: a step is done
         only while its outputs still have the sha256 it finished with; the
         rows of the done steps are kept, or rebuilt from their directories
-        when ``rows.json`` is missing."""
+        when ``rows.json`` is missing; a passed preflight is kept."""
         plan = self.req.out / "plan.json"
-        if not plan.is_file():
+        if not plan.exists():
             return
         doc = read_json(plan, dict)
         if not isinstance(doc.get("steps"), list) or "dry_run" not in doc:
@@ -216,28 +173,39 @@ class _Suite:
                 f"{self.req.out} holds a {'dry' if doc['dry_run'] else 'real'} suite; "
                 "give another --out"
             )
-        steps = {s.name: s for s in self.catalogue}
+        earlier = doc.get("preflight")
+        if isinstance(earlier, dict) and earlier.get("ok") is True:
+            self.preflight_doc = {**earlier, "earlier": True}
         for old in doc["steps"]:
-            try:
-                name, status = old["step"]["name"], old["status"]
-                if status != "done" or name not in steps:
-                    continue
-                selected = name in self.by_name
-                p = self.by_name[name] if selected else Planned(steps[name])
-                p.out, p.outputs, p.seconds = str(old["out"]), dict(old["outputs"]), old["seconds"]
-                why = outputs_intact(p)
-            except (KeyError, TypeError, ValueError) as e:
-                raise DataError(f"{plan} is damaged ({type(e).__name__}: {e})") from None
-            if why:
-                self.log(
-                    f"{name}: not trusted as done ({why})" + (": it runs again" if selected else "")
-                )
-                p.out, p.outputs, p.seconds = None, {}, None
-                continue
-            if not selected:
-                self.keep(p)
-            p.status = "done"
+            self.resume_step(plan, old)
         self.resume_rows()
+
+    def resume_step(self, plan: Path, old: Any) -> None:
+        steps = {s.name: s for s in self.catalogue}
+        try:
+            name, status = old["step"]["name"], old["status"]
+            if status != "done" or name not in steps:
+                return
+            selected = name in self.by_name
+            p = self.by_name[name] if selected else Planned(steps[name])
+            p.out, p.outputs, p.seconds = str(old["out"]), dict(old["outputs"]), old["seconds"]
+            p.job, p.base_s, p.kind = (
+                str(old.get("job", "")),
+                old.get("base_s"),
+                old.get("kind", ""),
+            )
+            why = outputs_intact(p)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise DataError(f"{plan} is damaged ({type(e).__name__}: {e})") from None
+        if why:
+            self.log(
+                f"{name}: not trusted as done ({why})" + (": it runs again" if selected else "")
+            )
+            p.out, p.outputs, p.seconds = None, {}, None
+            return
+        if not selected:
+            self.keep(p)
+        p.status = "done"
 
     def keep(self, p: Planned) -> None:
         """A step an earlier call finished but this one did not select: kept
@@ -251,7 +219,7 @@ class _Suite:
         done = [p for p in self.planned if p.status == "done"]
         path = self.req.out / "rows.json"
         kept: list[dict[str, Any]] = []
-        if path.is_file():
+        if path.exists():
             names = {p.step.name for p in done}
             kept = [
                 r for r in read_json(path, list) if isinstance(r, dict) and r.get("step") in names
@@ -273,9 +241,41 @@ class _Suite:
         assert p.out is not None
         return step_rows(p.step, Path(p.out), self.command(p.step), dry_run=self.req.dry_run)
 
-    # ------------------------------------------------------------------ plan
+    # ------------------------------------------------------------------ preflight, rates
     def left(self) -> float:
         return self.budget_s - (self.clock() - self.start)
+
+    def preflight(self, check: Preflight) -> None:
+        """Prove the GPU path before any step (:mod:`osfl.suite.preflight`);
+        a failure is written to ``plan.json`` and the bundle, then raised."""
+        mode = self.req.preflight
+        if mode == "auto":
+            mode = "imports" if self.req.dry_run else "all"
+        if mode == "none":
+            self.preflight_doc = {"ok": None, "mode": "none"}
+            return
+        if self.preflight_doc.get("earlier") and self.preflight_doc.get("mode") in (mode, "all"):
+            self.log("preflight: passed in an earlier call into this directory")
+            return
+        t0 = self.clock()
+        scripts = [s.argv[1] for s in self.catalogue if s.kind == "script"]
+        try:
+            report = check(mode, scripts)
+        except PreflightError as e:
+            self.preflight_doc = {"ok": False, "mode": mode, **e.details,
+                                  "seconds": self.clock() - t0}  # fmt: skip
+            self.log(str(e))
+            self.write()
+            raise
+        seconds = self.clock() - t0
+        self.preflight_doc = {"ok": True, "mode": mode, **report, "seconds": seconds}
+        self.overheads["preflight_s"] = seconds
+        ran = len(report.get("methods", []))
+        self.log(f"preflight ({mode}): {len(report.get('imports', []))} imports"
+                 + (f", {ran} methods on {report.get('device')}" if ran else "")
+                 + f" in {seconds:.0f} s"
+                 + (f"; not reached: {', '.join(report['not_reached'])}"
+                    if report.get("not_reached") else ""))  # fmt: skip
 
     def measure(self, measure: Measure) -> float:
         """This machine's rates: given, kept from an earlier call of the same
@@ -291,38 +291,59 @@ class _Suite:
                 self.log(f"rates from {path}")
             else:
                 self.rates = check_rates(measure(tiny=self.req.dry_run), "the measured rates")
-        _atomic(path, json.dumps(self.rates, indent=2) + "\n")
+        atomic_write(path, json.dumps(self.rates, indent=2) + "\n")
         shown = ", ".join(f"{k} {v:.4g}" for k, v in self.rates.items() if isinstance(v, float))
         self.log(f"rates ({self.rates.get('machine', '?')}): {shown}")
-        return self.clock() - t0
+        self.overheads["rates_s"] = self.clock() - t0
+        return self.overheads["rates_s"]
+
+    # ------------------------------------------------------------------ plan
+    def pricing(self) -> Pricing:
+        assert self.rates is not None
+        return Pricing(self.rates, self.learned, dry_run=self.req.dry_run)
 
     def estimate(self) -> None:
-        """Every pending step's estimate at the measured rates; a step whose
-        rows are already in the repository is not run again."""
-        assert self.rates is not None
+        """Every pending step's estimate (work over the rates, times its
+        learned factor); a step whose rows are already in the repository is
+        not run again, nor the encoder the repository holds."""
+        pricing = self.pricing()
+        for p in (p for p in self.planned if p.status == "pending"):
+            p.base_s = pricing.base(p.step)
+            p.factor, p.factor_from = pricing.factor(p.step)
+            p.kind = pricing.kind(p.step)
+            p.estimate_s = p.base_s * p.factor
         in_repo = {} if self.req.dry_run else rows_in_repo(self.req.repo)
-        pending = [p for p in self.planned if p.status == "pending"]
-        for p in pending:
-            p.estimate_s = p.step.estimate(self.rates, dry_run=self.req.dry_run)
-        # a part of a row's clients (``feeds``) is done once that row is in the repository
-        in_repo |= {p.step.name: in_repo[p.step.feeds] for p in pending if p.step.feeds in in_repo}
-        skip = {p.step.name for p in pending if p.step.name in in_repo}
-        skip -= set(self.req.step_names)  # what they need runs again anyway (below)
-        # a step whose output another step still reads (the encoder) runs again:
-        # its rows are in the repository, its weights are not on this machine
-        skip -= {n for p in pending if p.step.name not in skip for n in p.step.needs}
-        for p in pending:
-            if p.step.name in skip:
-                p.status, p.reason = "in_repo", f"its rows are in {in_repo[p.step.name]}"
+        copy = None if self.encoder_copy is None else str(self.encoder_copy)
+        mark_in_repo(self.planned, in_repo, encoder=copy, keep=self.req.step_names)
+
+    def plan(self) -> None:
+        """Place the pending steps in this command (all but the reserve of its
+        budget, less what the preflight and rates took) and the lease's later
+        one (``then_min``); "out of reach" against a fresh lease's commands."""
+        assert self.rates is not None
+        caps = [max(0.0, plannable_s(self.budget_s) - (self.clock() - self.start))]
+        if self.req.then_min > 0:
+            caps.append(plannable_s(command_budget_s(self.req.then_min)))
+        preflight_s = self.overheads["preflight_s"] or self.learned.preflight_s
+        fresh = lease_capacities(COMMAND_MINUTES, first_overhead_s(self.rates, preflight_s))
+        fresh[0] = max(fresh[0], caps[0])  # a command longer than a lease's first
+        self.capacities = {"this_lease": caps, "fresh_lease": fresh}
+        make_plan(self.planned, caps, fresh=fresh, forced=sorted(self.forced),
+                  reach=self.pricing().reach)  # fmt: skip
 
     # ------------------------------------------------------------------ run
     def encoder(self) -> Path:
-        return self.req.out / "runs" / "pretrain_vits16" / ENCODER
+        """The encoder the steps read: the repository's copy unless this call
+        trains one."""
+        p = self.by_name.get(ENCODER_STEP)
+        if self.encoder_copy is not None and (p is None or p.status == "in_repo"):
+            return self.encoder_copy.resolve()
+        return self.req.out / "runs" / ENCODER_STEP / ENCODER
 
     def command(self, step: Step) -> list[str]:
         argv = step.command(dry_run=self.req.dry_run)
         values = {"out": self.req.out / "runs" / step.name, "encoder": self.encoder()}
-        return _resolve(argv, values)
+        return resolve(argv, values)
 
     def execute(self, argv: Sequence[str]) -> tuple[bool, float, str]:
         """Run one command; a failure is recorded, an interrupt stops the suite."""
@@ -338,16 +359,20 @@ class _Suite:
             ok, why = False, f"{type(e).__name__}: {e}"
             self.log(traceback.format_exc())
         finally:
-            _free_gpu()
+            free_gpu()
         return ok, self.clock() - t0, why
 
     def run_one(self, p: Planned) -> None:
         argv = self.command(p.step)
         p.out = str(self.req.out / "runs" / p.step.name)
-        _fresh(Path(p.out))  # what a killed call left of this step is not reused
+        fresh_dir(Path(p.out))  # what a killed call left of this step is not reused
         self.log(f"running {p.step.name} (estimate {p.estimate_s or 0:.0f} s): "
                  f"{command_text(argv)}")  # fmt: skip
+        self.current, p.job = (p, self.clock()), self.started
         ok, p.seconds, why = self.execute(argv)
+        self.current = None
+        if ok and p.step.post:
+            POSTPROCESS[p.step.post](Path(p.out))
         p.status, p.reason = ("done", "") if ok else ("failed", why)
         if ok:
             p.outputs = output_hashes(Path(p.out))
@@ -374,12 +399,15 @@ class _Suite:
             self.write()
 
     def interrupted(self, p: Planned) -> None:
-        """Ctrl-C (or the job's timeout) during ``p``: no further step runs."""
+        """Ctrl-C (or the job's timeout) during ``p``: it ran this long (what
+        the next plan learns from); no further step runs."""
         p.status, p.reason = "failed", "interrupted (Ctrl-C or the job's time limit)"
+        if self.current is not None:
+            p.seconds = self.clock() - self.current[1]
         for q in self.planned:
-            if q.status == "planned":
+            if q.status in ("planned", "later"):
                 q.status, q.reason = "skipped", "the suite was interrupted"
-        self.log(f"{p.step.name}: interrupted; no further step runs")
+        self.log(f"{p.step.name}: interrupted after {p.seconds or 0:.0f} s; no further step runs")
         self.write()
 
     # ------------------------------------------------------------------ write
@@ -387,38 +415,27 @@ class _Suite:
         out = self.req.out
         doc = {
             "budget_min": self.req.budget_min,
+            "then_min": self.req.then_min,
             "dry_run": self.req.dry_run,
+            "started": self.started,
             "elapsed_s": self.clock() - self.start,
             "machine": (self.rates or {}).get("machine"),
+            "preflight": self.preflight_doc,
+            "overheads": self.overheads,
+            "capacities": self.capacities,
+            "learned": {"steps": dict(self.learned.steps), "kinds": dict(self.learned.kinds)},
             "steps": [p.as_dict() for p in self.planned],
         }
         markdown = rows_markdown(self.rows, self.planned)
-        _atomic(out / "plan.json", json.dumps(doc, indent=2) + "\n")
-        _atomic(out / "rows.json", json.dumps(self.rows, indent=2) + "\n")
-        _atomic(out / "reproduction_gpu.md", markdown)
-        dirs = {p.step.name: Path(p.out) for p in self.planned if p.out and p.status == "done"}
-        members = archive_members(dirs, [out / "suite.log"])
+        atomic_write(out / "plan.json", json.dumps(doc, indent=2) + "\n")
+        atomic_write(out / "rows.json", json.dumps(self.rows, indent=2) + "\n")
+        atomic_write(out / "reproduction_gpu.md", markdown)
+        done = [p for p in self.planned if p.out and p.status == "done"]
+        members = archive_members({p.step.name: Path(p.out) for p in done}, [out / "suite.log"])
+        returned = [Path(p.out) / f for p in done for f in p.step.returns]  # type: ignore[arg-type]
         bundle = self.req.bundle or out / "bundle"
         write_bundle(bundle, plan=doc, rows=self.rows, markdown=markdown, rates=self.rates,
-                     members=members)  # fmt: skip
-
-
-def _fresh(path: Path) -> None:
-    if path.exists():
-        shutil.rmtree(path)
-
-
-def _atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def check_budget(minutes: float) -> float:
-    """``minutes`` if it is a finite positive number, else one error line."""
-    if not (isinstance(minutes, int | float) and math.isfinite(minutes) and minutes > 0):
-        raise ConfigError(f"the budget must be a positive, finite number of minutes, got {minutes}")
-    return float(minutes)
+                     members=members, files=returned)  # fmt: skip
 
 
 def run_suite(
@@ -429,18 +446,28 @@ def run_suite(
     log: Callable[[str], None] = print,
     measure: Measure = measure_rates,
     script: RunCommand = run_script,
+    preflight: Preflight | None = None,
 ) -> SuiteResult:
-    """Measure this machine's rates, plan the steps that fit
-    ``req.budget_min`` (the measurement included), run them in order of
-    value, write the rows and the bundle after every step. ``run_command``
-    runs an osfl command, ``script`` a ``script`` step's benchmark script."""
+    """Prove the GPU path, measure this machine's rates, plan the steps that
+    fit this command and the lease's later one (the preflight and the
+    measurement included), run this command's in order of value, write the
+    rows and the bundle after every step. ``run_command`` runs an osfl
+    command, ``script`` a ``script`` step's benchmark script, ``preflight``
+    the checks before any step (default :func:`run_preflight`). Nothing is
+    written before the request is checked (sections, steps, minutes)."""
     check_budget(req.budget_min)
+    check_budget(req.then_min, what="the later command", zero=True)
+    if req.preflight not in PREFLIGHT_MODES:
+        raise ConfigError(f"preflight must be one of {', '.join(PREFLIGHT_MODES)}")
+    select_steps(req.sections, list(req.steps) if req.steps is not None else STEPS,
+                 names=req.step_names)  # fmt: skip
     req.out.mkdir(parents=True, exist_ok=True)
     use_pack(req.pack_dir, log)
     suite = _Suite(req, run_command, clock, log, script)
+    suite.preflight(preflight or run_preflight)
     rates_s = suite.measure(measure)
     suite.estimate()
-    make_plan(suite.planned, suite.left(), forced=sorted(suite.forced))
+    suite.plan()
     suite.write()
     for p in suite.planned:
         suite.log(f"plan: {p.step.name}: {p.status}" + (f" ({p.reason})" if p.reason else ""))

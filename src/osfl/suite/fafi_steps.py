@@ -1,11 +1,15 @@
 """The GPU suite's FAFI steps (FAFI Table 1 at α 0.1 and its Table 5 epoch
 counts; Zeng et al., ICML 2025, docs/methods/fafi.md): the CE clients' and
-the SALT clients' training as separate steps that share the client cache, the
-200-epoch SALT clients in ``train_clients`` parts before the step that finds
-them all cached.
+the SALT clients' training as separate steps that share the client cache;
+the 200-epoch SALT clients in a ``train_clients`` part, then the row's step,
+which trains the clients the part left (a share a lease's short later
+command holds), finds the part's in the cache, fuses and tests (issue #50:
+one step fewer, so one fixed cost fewer, than two parts and a fusion step).
 """
 
 from __future__ import annotations
+
+import itertools
 
 from osfl.suite.step_parts import CIFAR_ALL, TINY_RUN, osfl_run
 from osfl.suite.steps import FORWARD, Step, Work
@@ -32,18 +36,25 @@ _FAFI_SIZES = {
     1: (10599, 3817, 6155, 13487, 15942),
     2: (7250, 16606, 9446, 10781, 5917),
 }
-#: The steps the 200-epoch SALT clients of one seed train in (``train_clients``).
-_SALT_PARTS = 2
+#: The row step's share of a seed's SALT images: the later command of a
+#: lease holds about 29 % of its step time (:mod:`osfl.suite.lease`: 162 of
+#: 396 + 162 s), less the step's own fixed costs.
+_ROW_SHARE = 0.27
 
 
-def _salt_parts(seed: int) -> list[tuple[int, ...]]:
-    """Seed ``seed``'s clients in :data:`_SALT_PARTS` parts of about equal
-    work: the largest client first, each into the lightest part so far."""
+def _salt_split(seed: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Seed ``seed``'s SALT clients as (the part's, the row step's): the row
+    step trains the largest set of clients holding at most :data:`_ROW_SHARE`
+    of the images (so that it fits a lease's later command where the part
+    fits the first), the part the others."""
     sizes = _FAFI_SIZES[seed]
-    parts: list[list[int]] = [[] for _ in range(_SALT_PARTS)]
-    for c in sorted(range(len(sizes)), key=lambda c: -sizes[c]):
-        min(parts, key=lambda p: sum(sizes[i] for i in p)).append(c)
-    return [tuple(sorted(p)) for p in parts]
+    limit = _ROW_SHARE * sum(sizes)
+    subsets = (
+        c for k in range(1, len(sizes)) for c in itertools.combinations(range(len(sizes)), k)
+    )
+    row = max((c for c in subsets if sum(sizes[i] for i in c) <= limit),
+              key=lambda c: (sum(sizes[i] for i in c), [-i for i in c]))  # fmt: skip
+    return tuple(i for i in range(len(sizes)) if i not in row), tuple(row)
 
 
 def _fafi_work(epochs: int, views: int, images: int = _CIFAR_TRAIN, tests: int = 3) -> Work:
@@ -58,8 +69,8 @@ def fafi_step(kind: str, seed: int, epochs: int = 200) -> Step:
     """FAFI Table 1 at α 0.1, one seed: ``ce`` (FedAvg and Ensemble, whose CE
     clients they share) or ``salt`` (FAFI's SALT clients, two views of every
     image); both read and fill the same client cache (``.osfl_cache``). The
-    200-epoch SALT step finds its clients there: :func:`_salt_part` steps
-    trained them (one command cannot)."""
+    200-epoch SALT step finds the clients :func:`_salt_part` trained there
+    and trains the others (:func:`_salt_split`)."""
     salt = kind == "salt"
     methods = "methods=[fafi]" if salt else "methods=[fedavg,ensemble]"
     short = "" if epochs == 200 else f"_e{epochs}"
@@ -70,14 +81,18 @@ def fafi_step(kind: str, seed: int, epochs: int = 200) -> Step:
     )
     parts = salt and epochs == 200
     name = f"fafi_{kind}{short}_a0.1_seed{seed}"
+    if parts:  # the clients the part left, then every client's fusion over the test set
+        rest = sum(_FAFI_SIZES[seed][c] for c in _salt_split(seed)[1])
+        work = _fafi_work(200, 2, images=rest, tests=10)
+    else:
+        work = _fafi_work(epochs, 2 if salt else 1)
     return Step(
         name=name,
         section="fafi",
         kind="run",
         argv=osfl_run(*_fafi_argv(seed, methods, epochs)),
         tiny=osfl_run(*_FAFI_TINY, f"seeds=[{seed}]", methods, *(_TINY_CACHE if parts else ())),
-        # every client in the cache: the fusion's passes over the test set per client
-        work=_fafi_work(0, 0, tests=10) if parts else _fafi_work(epochs, 2 if salt else 1),
+        work=work,
         paper=paper,
         paper_note=_FAFI_NOTE
         if epochs == 200
@@ -85,15 +100,18 @@ def fafi_step(kind: str, seed: int, epochs: int = 200) -> Step:
         scale_note=f"the paper's setting at {epochs} local epochs; one seed per step "
         "(the paper: 5 trials)"
         + (
-            "; its clients trained by the steps before it, into the same client cache"
+            f"; SALT clients {_ids(_salt_split(seed)[0])} trained by the step before it, "
+            f"into the same client cache, clients {_ids(_salt_split(seed)[1])} by this one"
             if parts
             else ""
         ),
-        needs=tuple(f"fafi_salt_part{i + 1}_a0.1_seed{seed}" for i in range(_SALT_PARTS))
-        if parts
-        else (),
+        needs=(f"fafi_salt_part1_a0.1_seed{seed}",) if parts else (),
         row=f"fafi_t1{short}_a0.1",
     )
+
+
+def _ids(clients: tuple[int, ...]) -> str:
+    return ", ".join(map(str, clients))
 
 
 #: The dry run's SALT parts and row share a client cache of their own.
@@ -111,37 +129,38 @@ def _fafi_argv(seed: int, methods: str, epochs: int = 200) -> tuple[str, ...]:
     )
 
 
-def _salt_part(seed: int, part: int) -> Step:
-    """Part ``part`` (from 0) of seed ``seed``'s 200-epoch SALT clients:
-    ``osfl run ... train_clients=[...]`` trains them into the client cache and
-    stops (no accuracy, no row); ``fafi_salt_a0.1_seed{seed}`` makes the row."""
-    clients = _salt_parts(seed)[part]
+def _salt_part(seed: int) -> Step:
+    """The part of seed ``seed``'s 200-epoch SALT clients trained before the
+    row's step (:func:`_salt_split`): ``osfl run ... train_clients=[...]``
+    trains them into the client cache and stops (no accuracy, no row);
+    ``fafi_salt_a0.1_seed{seed}`` trains the rest and makes the row. The
+    planner places the two in one lease or neither (:mod:`osfl.suite.plan`)."""
+    clients = _salt_split(seed)[0]
     ids = ",".join(map(str, clients))
     images = sum(_FAFI_SIZES[seed][c] for c in clients)
     return Step(
-        name=f"fafi_salt_part{part + 1}_a0.1_seed{seed}",
+        name=f"fafi_salt_part1_a0.1_seed{seed}",
         section="fafi",
         kind="run",
         argv=osfl_run(*_fafi_argv(seed, "methods=[fafi]"), f"train_clients=[{ids}]"),
-        # the dry run's two clients, one per part
+        # the dry run's first client (of two) here, the other in the row's step
         tiny=osfl_run(
             *_FAFI_TINY,
             f"seeds=[{seed}]",
             "methods=[fafi]",
             *_TINY_CACHE,
-            f"train_clients=[{part}]",
+            "train_clients=[0]",
         ),
         work=_fafi_work(200, 2, images=images, tests=0),
         paper_note=_FAFI_NOTE,
-        scale_note=f"FAFI's SALT clients {ids} of 5 ({images:,} images), 200 local epochs, "
-        "into the client cache: no row of its own",
+        scale_note=f"FAFI's SALT clients {_ids(clients)} of 5 ({images:,} images), 200 local "
+        "epochs, into the client cache: no row of its own",
         row="fafi_t1_a0.1",
         feeds=f"fafi_salt_a0.1_seed{seed}",
     )
 
 
 def fafi_row(seed: int) -> tuple[Step, ...]:
-    """Seed ``seed``'s FAFI Table 1 row at α 0.1: the CE clients, the SALT
-    clients in parts, then the SALT step that finds them all cached."""
-    parts = (_salt_part(seed, i) for i in range(_SALT_PARTS))
-    return (fafi_step("ce", seed), *parts, fafi_step("salt", seed))
+    """Seed ``seed``'s FAFI Table 1 row at α 0.1: the CE clients, a part of
+    the SALT clients, then the SALT step that trains the rest and fuses."""
+    return (fafi_step("ce", seed), _salt_part(seed), fafi_step("salt", seed))

@@ -45,9 +45,12 @@ import numpy as np
 from osfl.data.sources.imagefolder import IMAGE_EXTENSIONS
 from osfl.data.sources.pack import open_pack, write_pack
 from osfl.errors import ConfigError, DataError
+from osfl.jsonio import loads
 
 #: What a lent machine carries at most (the run tool's limit on ignored paths).
 LIMIT_BYTES = 64 * 2**20
+#: The largest ``MANIFEST.json`` read (a pack's lists a few hundred files).
+MANIFEST_LIMIT = 16 * 2**20
 #: The packed folder, relative to the repository root.
 PACK_DIR = "gpu_pack"
 SPLITS = ("train", "test")
@@ -229,7 +232,7 @@ def _replace_pack(work: Path, out: Path) -> None:
     files the old manifest lists are removed first (a weights file or wheel
     dropped since is not left behind), nothing else in ``out`` is touched."""
     try:
-        old = json.loads((out / "MANIFEST.json").read_text())["files"]
+        old = loads((out / "MANIFEST.json").read_bytes())["files"]
     except (OSError, ValueError, KeyError, TypeError):
         old = {}
     for name in old if isinstance(old, dict) else ():
@@ -291,7 +294,10 @@ def read_manifest(folder: str | os.PathLike[str]) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        manifest = json.loads(path.read_text())
+        if path.stat().st_size > MANIFEST_LIMIT:
+            raise ValueError("too large")
+        # bounded: a deeply nested manifest is a ValueError, not a RecursionError
+        manifest = loads(path.read_bytes())
         entries = [
             (str(n), int(e["bytes"]), str(e["sha256"])) for n, e in manifest["files"].items()
         ]

@@ -8,8 +8,12 @@ Rates (:data:`RATE_KEYS`), each from a few timed steps after a warm-up:
   cross-entropy, backward, SGD) of osfl's CIFAR ResNet-18 at 32 px, batch
   256, bf16 autocast and channels_last on a GPU (FAFI's, FedMITR-style
   convnet clients; VGG-16 and LeNet-5 are priced from it by FLOPs);
-- ``vits16_224``: the same for a ViT-S/16 at 224 px, batch 128 (the encoder,
-  EFTViT, FedMITR's clients; ViT-B and DeiT-Ti by FLOPs);
+- ``vits16_224``: the same for a ViT-S/16 at 224 px, batch 128 (ViT-B by
+  FLOPs, the MFU step);
+- ``vitti16_224``: the same for a ViT-Ti/16 at 224 px, batch 256 (the
+  suite's encoder and the rows on it: FedMITR's clients, FALCON's views,
+  EFTViT); optional in a saved file (derived from ``vits16_224`` where
+  absent: :data:`osfl.suite.steps.DERIVED_RATES`);
 - ``decode``: 32-px JPEG files decoded per second by one process with
   Pillow (the image folder's own files; a pack decodes on every core, which
   this under-counts, so estimates err long);
@@ -26,7 +30,6 @@ Rates (:data:`RATE_KEYS`), each from a few timed steps after a warm-up:
 from __future__ import annotations
 
 import io
-import json
 import math
 import time
 from collections.abc import Callable, Mapping
@@ -34,9 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from osfl.errors import ConfigError, DataError
+from osfl.suite.bundle import read_json
 
 #: What the planner prices work in (docstring above).
 RATE_KEYS = ("resnet18_32", "vits16_224", "decode", "resize_224", "startup_s")
+#: Measured when a job measures, derived when a saved file lacks them.
+OPTIONAL_RATE_KEYS = ("vitti16_224",)
 
 
 def _timed_steps(step: Callable[[], None], sync: Callable[[], None], n: int) -> float:
@@ -131,10 +137,12 @@ def measure_rates(*, tiny: bool = False, device: str | None = None) -> dict[str,
         r18, first = _train_rate("cnn_small", 8, 4, 2, dev)
         vit_kw = {"img_size": 8, "patch_size": 2, "depth": 1, "embed_dim": 32, "num_heads": 2}
         vit, _ = _train_rate("vit_tiny_patch2_16", 8, 4, 2, dev, **vit_kw)
+        vitti = vit
         decode, resize = _image_rates(16, 8)
     else:
         r18, first = _train_rate("resnet18", 32, 256, 20, dev)
         vit, _ = _train_rate("vit_small_patch16_224", 224, 128, 10, dev)
+        vitti, _ = _train_rate("vit_tiny_patch16_224", 224, 256, 10, dev)
         decode, resize = _image_rates(2000, 224)
     machine = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu"
     if dev.type == "cuda":
@@ -142,6 +150,7 @@ def measure_rates(*, tiny: bool = False, device: str | None = None) -> dict[str,
     return {
         "resnet18_32": r18,
         "vits16_224": vit,
+        "vitti16_224": vitti,
         "decode": decode,
         "resize_224": resize,
         "startup_s": first,
@@ -152,9 +161,12 @@ def measure_rates(*, tiny: bool = False, device: str | None = None) -> dict[str,
 
 
 def check_rates(rates: Mapping[str, Any], where: str = "rates") -> dict[str, Any]:
-    """``rates`` if every :data:`RATE_KEYS` value is a finite positive number
+    """``rates`` if every :data:`RATE_KEYS` value (and every
+    :data:`OPTIONAL_RATE_KEYS` value present) is a finite positive number
     (``startup_s`` may be 0); else a :class:`DataError` naming the first bad one."""
-    for key in RATE_KEYS:
+    if not isinstance(rates, Mapping):
+        raise DataError(f"{where}: not an object of rates")
+    for key in (*RATE_KEYS, *(k for k in OPTIONAL_RATE_KEYS if k in rates)):
         v = rates.get(key)
         ok = isinstance(v, int | float) and math.isfinite(v) and v >= 0
         if not ok or (key != "startup_s" and v == 0):
@@ -165,12 +177,10 @@ def check_rates(rates: Mapping[str, Any], where: str = "rates") -> dict[str, Any
 def read_rates(path: Path) -> dict[str, Any] | None:
     """The rates saved by an earlier call (``None``: none there); a damaged
     file is a :class:`DataError` (one line), never a traceback."""
-    if not path.is_file():
+    if not path.exists():
         return None
     try:
-        doc = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{path} is damaged ({e}); remove it to measure again") from None
-    if not isinstance(doc, dict):
-        raise DataError(f"{path} is damaged (not an object); remove it to measure again")
+        doc = read_json(path, dict)
+    except DataError as e:
+        raise DataError(f"{e}; remove it to measure again") from None
     return check_rates(doc, str(path))

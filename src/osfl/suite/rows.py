@@ -7,7 +7,6 @@ rows by section and what did not run.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,20 +29,17 @@ def step_rows(step: Step, out: Path, argv: Sequence[str], *, dry_run: bool) -> l
         "scale_note": step.scale_note,
         "paper_note": step.paper_note,
         "command": command_text(argv),
+        "backbone": step.backbone,
     }
     if step.kind == "pretrain":
-        card = json.loads((out / ENCODER.replace(".safetensors", ".card.json")).read_text())
+        card = read_json(out / ENCODER.replace(".safetensors", ".card.json"), dict)
         acc = card["results"]["held_out"].get("accuracy")
         ours = None if acc is None else 100 * acc
         env = card.get("training", {}).get("environment") or card.get("provenance", {})
         return [{**common, "method": "encoder (held-out accuracy)", "setting": "",
                  "paper": None, "ours": ours, "per_seed": [ours], "provenance": env}]  # fmt: skip
     if step.kind == "mfu":
-        m = json.loads((out / "mfu.json").read_text())
-        ours = None if m["mfu"] is None else 100 * m["mfu"]
-        return [{**common, "method": f"MFU {m['model']} {m['dtype']}", "setting": f"batch {m['batch']}",
-                 "paper": step.paper.get("mfu"), "ours": ours, "per_seed": [ours],
-                 "achieved_tflops": m["achieved_tflops"], "provenance": m["provenance"]}]  # fmt: skip
+        return _mfu_rows(step, read_json(out / "mfu.json", dict), common)
     if step.kind == "script":
         return _script_rows(step, out, common)
     # heavy: torch (osfl.report), only once a step has finished
@@ -65,6 +61,22 @@ def step_rows(step: Step, out: Path, argv: Sequence[str], *, dry_run: bool) -> l
                      "ours": statistics.mean(accs), "ours_text": mean_std_text(accs),
                      "seeds": [r.seed for r in recs], "per_seed": accs,
                      "provenance": recs[0].get("provenance", {})})  # fmt: skip
+    return rows
+
+
+def _mfu_rows(step: Step, m: dict[str, Any], common: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per timed variant of the MFU benchmark (one for a record
+    without variants): MFU in %, with its TFLOP/s and images per second."""
+    variants = m.get("variants") or [{**m, "variant": None}]
+    rows = []
+    for v in variants:
+        ours = None if v.get("mfu") is None else 100 * v["mfu"]
+        name = f"MFU {m['model']} {m['dtype']}" + (f" ({v['variant']})" if v.get("variant") else "")
+        rows.append({**common, "method": name, "setting": f"batch {v['batch']}",
+                     "paper": step.paper.get("mfu"), "ours": ours, "per_seed": [ours],
+                     "achieved_tflops": v["achieved_tflops"],
+                     "images_per_s": v.get("images_per_s"), "compile_s": v.get("compile_s"),
+                     "provenance": m["provenance"]})  # fmt: skip
     return rows
 
 
@@ -93,6 +105,12 @@ def _script_rows(step: Step, out: Path, common: dict[str, Any]) -> list[dict[str
     return rows
 
 
+def backbone_label(row: dict[str, Any]) -> str:
+    """What a row was computed on: a self-pretrained backbone, named as such,
+    or the setting its scale note states."""
+    return str(row.get("backbone") or "the setting in its notes")
+
+
 def _machine(rows: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         p = r.get("provenance") or {}
@@ -112,8 +130,10 @@ def rows_markdown(rows: Sequence[dict[str, Any]], planned: Sequence[Planned]) ->
     lines.append(f"Machine: {_machine(rows)}.")
     for section in dict.fromkeys(r["section"] for r in rows):
         lines += ["", f"## {section}", ""]
-        lines.append("| step | method | setting | paper | ours | seeds (per seed) | scale |")
-        lines.append("|---|---|---|---:|---:|---|---|")
+        lines.append(
+            "| step | method | setting | paper | ours | seeds (per seed) | scale | ours on |"
+        )
+        lines.append("|---|---|---|---:|---:|---|---|---|")
         commands: dict[str, str] = {}
         for r in (r for r in rows if r["section"] == section):
             d = 3 if r.get("unit") == "fraction" else 2
@@ -126,7 +146,7 @@ def rows_markdown(rows: Sequence[dict[str, Any]], planned: Sequence[Planned]) ->
                 )
             )
             lines.append(f"| {r['step']} | {r['method']} | {r['setting']} | {paper} | {ours} | "
-                         f"{seeds} | {r['scale']} |")  # fmt: skip
+                         f"{seeds} | {r['scale']} | {backbone_label(r)} |")  # fmt: skip
             commands[r["step"]] = r["command"]
         lines.append("")
         lines += [f"- `{step}`: `{cmd}`" for step, cmd in commands.items()]
