@@ -36,9 +36,7 @@ def test_eval_prints_the_card_and_the_new_accuracy_of_each_kept_model(run, capsy
     out = capsys.readouterr().out
     assert f"kept models of {run}, scored on the run's test split" in out
     rows = [line.split() for line in out.splitlines() if "fedavg" in line]
-    assert rows == [
-        ["│", "fedavg", "│", "0", "│", percent, "│", percent, "│", "451", "│", "yes", "│"]
-    ]
+    assert rows == [["│", "fedavg", "│", "0", "│", *[percent, "│"] * 3, "451", "│", "yes", "│"]]
     assert "local" not in out  # no server model, nothing kept
 
 
@@ -81,4 +79,22 @@ def test_eval_help_names_its_options(capsys) -> None:
     with pytest.raises(SystemExit):
         main(["eval", "--help"])
     out = capsys.readouterr().out
-    assert all(opt in out for opt in ("RUN_DIR", "--data SPEC", "--method", "--device"))
+    assert all(opt in out for opt in ("RUN_DIR", "--data SPEC", "--all", "--method", "--device"))
+
+
+def test_a_difference_from_the_record_is_exit_1_and_named(run, tmp_path, capsys) -> None:
+    """Detected mismatches ("equal: no") used to exit 0."""
+    copy = Path(shutil.copytree(run, tmp_path / "run"))
+    doc = json.loads((copy / "metrics.json").read_text())
+    for r in doc["records"]:
+        if r["method"] == "fedavg":
+            r["global_test_accuracy"] = 0.5366
+    (copy / "metrics.json").write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["eval", str(copy)]) == 1
+    out = capsys.readouterr().out
+    assert "53.66" in out
+    assert (
+        "fedavg seed 0 differs: the card's accuracy differs from metrics.json's; the accuracy "
+        "now differs from metrics.json's"
+    ) in " ".join(out.split())

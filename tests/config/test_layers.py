@@ -5,6 +5,8 @@ expects, round three", item 2)."""
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -100,10 +102,11 @@ def test_config_show_prints_the_layers_and_a_runnable_config(tmp_path: Path, cap
         "#   dataclass defaults (osfl/config/schema.py)",
         "#   embedded default.yaml",
         f"#   {user}",
+        "#   the run's name, from the file's: name=\"u\"",  # as osfl run names it
         "#   command-line overrides: partition.alpha=0.5",
     ]
     shown = load_config(write(tmp_path / "shown.yaml", out))
-    assert shown == load_config(user, ["partition.alpha=0.5"])
+    assert shown == load_config(user, ["name=u", "partition.alpha=0.5"])
     assert shown.train.optimizer == "sgdm" and shown.partition.alpha == 0.5
 
 
@@ -112,3 +115,96 @@ def test_config_show_refuses_a_bad_key_with_exit_2(tmp_path: Path, capsys) -> No
         main(["config", "show", "train.nosuch=1"])
     assert e.value.code == 2
     assert "unknown config key 'train.nosuch'" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- issue 51
+def test_base_resolution_reads_each_file_once_however_often_it_is_named(tmp_path: Path) -> None:
+    """The issue's diamond: each level names the next twice, 16 levels deep.
+    Read per path, that is 2^16 reads (118 s at 12 levels); memoised, 17."""
+    from osfl.config.layers import config_layers
+    from osfl.config.loading import _packaged_default, _read_yaml
+
+    for i in range(16):
+        write(
+            tmp_path / f"l{i}.yaml",
+            f"base: [l{i + 1}.yaml, l{i + 1}.yaml]\ntrain: {{lr: {i + 1}}}\n",
+        )
+    write(tmp_path / "l16.yaml", "base: none\ntrain: {epochs: 3}\n")
+    reads: list[Path] = []
+
+    def counting(path: Path):
+        reads.append(path.resolve())
+        return _read_yaml(path)
+
+    layers = config_layers([tmp_path / "l0.yaml"], counting, _packaged_default)
+    assert len(reads) == len(set(reads)) == 17 and len(layers) == 17
+    cfg = load_config(tmp_path / "l0.yaml")
+    assert (cfg.train.epochs, cfg.train.lr) == (3, 1.0)  # the top file is layered last
+
+
+def test_a_diamond_layers_the_common_base_once_where_it_is_first_reached(tmp_path: Path) -> None:
+    write(tmp_path / "common.yaml", "base: none\ntrain: {lr: 0.1, epochs: 1}\n")
+    write(tmp_path / "a.yaml", "base: common.yaml\ntrain: {lr: 0.2}\n")
+    write(tmp_path / "b.yaml", "base: common.yaml\ntrain: {epochs: 5}\n")
+    cfg = load_config(write(tmp_path / "top.yaml", "base: [a.yaml, b.yaml]\n"))
+    # common, a, b, top: b's base does not undo a's learning rate
+    assert (cfg.train.lr, cfg.train.epochs) == (0.2, 5)
+
+
+def test_a_base_that_is_no_yaml_file_is_refused_without_reading_it(tmp_path: Path) -> None:
+    secret = write(tmp_path / "secret.txt", "train:\n  lr: 0.1\nmy_password: hunter2\n")
+    child = write(tmp_path / "child.yaml", f"base: {secret}\n")
+    for base in (str(secret), "/etc/passwd"):
+        child.write_text(f"base: {base}\n")
+        with pytest.raises(ConfigError) as e:
+            load_config(child)
+        assert "is not a YAML file" in str(e.value)
+        assert "hunter2" not in str(e.value) and "root:" not in str(e.value)
+        assert "my_password" not in str(e.value)
+
+
+def test_a_file_that_is_no_config_is_quoted_short(tmp_path: Path) -> None:
+    """``osfl run /etc/passwd``-like files read as one long key: the message
+    quotes at most 60 characters of it."""
+    path = write(tmp_path / "x.yaml", "root:x:0:0:" + "a" * 300 + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(path)
+    assert "a" * 80 not in str(e.value) and "\u2026" in str(e.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        (b"train: {lr: \xff}\n", "is not UTF-8 text (byte 12)"),
+        (b"train: {lr: 1}\x00\n", "is not text (a NUL byte"),
+        (("a: " + "[" * 40 + "]" * 40).encode(), "more than 32 levels deep"),
+        (b"- 1\n- 2\n", "must hold a mapping"),
+    ],
+)
+def test_a_config_that_is_not_one_is_one_line(tmp_path: Path, text: bytes, says: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_bytes(text)
+    with pytest.raises(ConfigError, match=re.escape(says)):
+        load_config(path)
+    child = write(tmp_path / "child.yaml", "base: c.yaml\n")
+    with pytest.raises(ConfigError, match=re.escape(says)):  # as a base too
+        load_config(child)
+
+
+def test_special_files_and_deep_overrides_are_refused(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "fifo.yaml")
+    with pytest.raises(ConfigError, match=r"is a FIFO \(named pipe\), not a regular file"):
+        load_config(tmp_path / "fifo.yaml")
+    with pytest.raises(ConfigError, match="is a character device, not a regular file"):
+        load_config("/dev/zero")
+    with pytest.raises(ConfigError, match="is a directory, not a regular file"):
+        load_config(tmp_path)
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b"")
+    os.truncate(big, (1 << 20) + 1)
+    with pytest.raises(
+        ConfigError, match=r"is 1,048,577 bytes \(1\.0 MiB\), more than the 1,048,576 bytes"
+    ):
+        load_config(big)
+    with pytest.raises(ConfigError, match=r"override train.lr nests .* more than 32 levels"):
+        load_config(None, ["train.lr=" + "[" * 3000 + "]" * 3000])

@@ -69,7 +69,8 @@ def test_precedence_run_then_method_default_then_user():
 def test_every_methods_recipe_defaults_are_recipe_keys():
     keys = {f.name for f in dataclasses.fields(TrainConfig)}
     for name in METHODS.names():
-        assert set(METHODS.get(name).card.train_defaults) <= keys, name
+        unknown = sorted(set(METHODS.get(name).card.train_defaults) - keys)
+        assert not unknown, f"method {name!r}: card.train_defaults {unknown} are not train.* keys"
 
 
 def _old_recipe(train: TrainConfig, **changes: object) -> TrainConfig:

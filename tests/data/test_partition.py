@@ -281,14 +281,14 @@ def test_load_refuses_non_json_and_missing(tmp_path):
     p.write_text("{not json")
     with pytest.raises(DataError, match="not valid JSON"):
         Federation.load_json(p)
-    with pytest.raises(DataError, match="cannot read"):
+    with pytest.raises(DataError, match="does not exist"):
         Federation.load_json(tmp_path / "missing.json")
 
 
 def test_cache_returns_same_without_recomputing(tmp_path, monkeypatch):
     first = make_federation(LABELS, "dirichlet", 5, 2, alpha=0.2, cache_dir=tmp_path)
     files = list(tmp_path.glob("*.json"))
-    assert len(files) == 1 and first.key() in files[0].name
+    assert len(files) == 1 and first.recipe_key() in files[0].name
 
     def boom(*a, **k):
         raise AssertionError("recomputed despite the cache")

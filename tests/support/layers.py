@@ -15,6 +15,7 @@ LAYERS: list[tuple[str, int]] = [
     ("osfl.run_record", 8),
     ("osfl.audit_dir", 8),
     ("osfl.kept_model", 8),
+    ("osfl.kept_files", 8),
     ("osfl.trackers", 5),
     ("osfl.assembly", 7),
     ("osfl.site_assembly", 7),
@@ -35,7 +36,9 @@ LAYERS: list[tuple[str, int]] = [
     ("osfl.data", 1),
     ("osfl.errors", 0),
     ("osfl.jsonio", 0),
+    ("osfl.safe_read", 0),
     ("osfl.registry", 0),
+    ("osfl.interrupts", 0),
 ]
 
 

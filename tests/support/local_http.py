@@ -20,13 +20,20 @@ class _Quiet(SimpleHTTPRequestHandler):
 
 
 @contextlib.contextmanager
-def serving(www: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Serve folder ``www``; yields the base URL (``http://127.0.0.1:PORT``)."""
+def serving(
+    www: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    handler: type[SimpleHTTPRequestHandler] | None = None,
+) -> Iterator[str]:
+    """Serve folder ``www`` (with ``handler``, a hostile server's, when given);
+    yields the base URL (``http://127.0.0.1:PORT``)."""
     for var in ("OSFL_DATA_CACHE", "OSFL_DATA_MIRROR"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("no_proxy", "127.0.0.1")
     monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_Quiet, directory=str(www)))
+    cls = handler or _Quiet
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(cls, directory=str(www)))
+    httpd.daemon_threads = True  # a trickling handler must not hold up the shutdown
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{httpd.server_address[1]}"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from osfl.commands.common import split_config_files
+from osfl.commands.common import name_from_file, split_config_files
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
@@ -20,8 +20,11 @@ def cmd_config_show(args: argparse.Namespace) -> int:
     from osfl.config import config_layers_of, load_config, to_yaml
 
     configs, overrides = split_config_files(args.items)
-    cfg = load_config(configs or None, overrides)  # refuses bad input before printing anything
+    named = name_from_file(configs, overrides)  # as osfl run names the run
+    cfg = load_config(configs or None, [*named, *overrides])  # refuses bad input first
     sources = [source for _, source in config_layers_of(configs or None)]
+    if named:
+        sources.append(f"the run's name, from the file's: {named[0]}")
     if overrides:
         sources.append("command-line overrides: " + " ".join(overrides))
     print("# layers, in order (each overrides those above it):")

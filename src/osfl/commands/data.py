@@ -1,6 +1,8 @@
-"""``osfl data get NAME [--cache DIR] [--mirror URL]``: download a dataset's
-official files into the cache, verified against their published checksums,
-and print the ``data.source=...`` override that reads them;
+"""``osfl data get NAME [--cache DIR] [--mirror URL] [--timeout S] [--max-bytes N]``:
+download a dataset's official files into the cache (each within a total time
+and size: a slow or endless server is refused, not waited on), verified
+against their published checksums, and print the ``data.source=...``
+override that reads them;
 ``osfl data list [--cache DIR]``: what can be fetched and what is cached
 (``osfl.data.download``; docs/data.md)."""
 
@@ -13,14 +15,18 @@ from osfl.commands.common import get_console, verbose_here
 from osfl.data.download import (
     CACHE_ENV,
     DEFAULT_CACHE,
+    DEFAULT_MAX_BYTES,
+    DEFAULT_TIMEOUT_S,
     DOWNLOADS,
     MIRROR_ENV,
     DownloadProgress,
+    Limits,
     cache_root,
     dataset_root,
     get_dataset,
     is_cached,
 )
+from osfl.errors import ConfigError
 
 
 class BarProgress(DownloadProgress):
@@ -72,7 +78,13 @@ class LineProgress(DownloadProgress):
 def cmd_data_get(args: argparse.Namespace) -> int:
     console = get_console()
     progress = BarProgress(console) if console.is_terminal else LineProgress(console)
-    done = get_dataset(args.name, cache=args.cache, mirror=args.mirror, progress=progress)
+    limits = Limits(
+        DEFAULT_TIMEOUT_S if args.timeout is None else seconds(args.timeout),
+        DEFAULT_MAX_BYTES if args.max_bytes is None else byte_count(args.max_bytes),
+    )
+    done = get_dataset(
+        args.name, cache=args.cache, mirror=args.mirror, progress=progress, limits=limits
+    )
     for what, names in (
         ("downloaded and verified", done.downloaded),
         ("already verified", done.skipped),
@@ -82,6 +94,33 @@ def cmd_data_get(args: argparse.Namespace) -> int:
     console.print(f"{done.name} is in {done.root}; read it with", markup=False, highlight=False)
     console.print(f"  osfl run {done.override}", markup=False, highlight=False)
     return 0
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def byte_count(text: str) -> int:
+    """``--max-bytes``: a count of bytes, ``2G`` / ``500M`` / ``64K`` (binary
+    units, an optional ``iB`` or ``B``) allowed."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in _UNITS else ""
+    number = t[: len(t) - len(unit)]
+    if not number.isdigit() or int(number) < 1:
+        raise ConfigError(
+            f"--max-bytes must be a positive byte count like 2G or 500M, got {text!r}"
+        )
+    return int(number) * _UNITS[unit]
+
+
+def seconds(text: str) -> float:
+    """``--timeout``: a positive, finite number of seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ConfigError(f"--timeout must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def cmd_data_list(args: argparse.Namespace) -> int:
@@ -114,6 +153,16 @@ def add_parser(sub: Any) -> None:
         metavar="URL",
         help=f"replace the scheme and host of every official URL with this one's "
         f"(default: ${MIRROR_ENV}, else the official hosts)",
+    )
+    get.add_argument(
+        "--timeout",
+        metavar="SECONDS",
+        help=f"the longest one file's download may take (default {DEFAULT_TIMEOUT_S:g} s)",
+    )
+    get.add_argument(
+        "--max-bytes",
+        metavar="N",
+        help=f"the most one file may hold, e.g. 2G (default {DEFAULT_MAX_BYTES >> 30} GiB)",
     )
     verbose_here(get)
     get.set_defaults(func=cmd_data_get)

@@ -37,6 +37,8 @@ SHAPE_HINTS = {
     "seeds": "seeds is a list: write seeds=[0] or seeds=[0,1,2]",
     "train_clients": "train_clients is a list of client ids: write train_clients=[0,1]",
     "audit": "audit is a list: write audit=[rlu] or audit=[rlu,llg+]",
+    "logger": "logger is a list: write logger=[tensorboard] or logger=[tensorboard,wandb] "
+    "(in YAML: logger: [tensorboard])",
     "sweep": 'sweep is a list: write "sweep=[partition.alpha=0.1,1.0]" or use --sweep',
     "defense": "defense is a mapping: write defense.sigma=0.05, or "
     '"defense={sigma: 0.05}" (YAML needs a space after each colon)',

@@ -10,6 +10,8 @@ wrong types name the key and the value; a YAML syntax error names its line.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
@@ -24,10 +26,20 @@ from osfl.config.layers import NOTHING, PACKAGED, config_layers, pop_base
 from osfl.config.schema import ExperimentConfig
 from osfl.errors import ConfigError
 from osfl.registry import did_you_mean
+from osfl.safe_read import read_text
 
 
 def _schema() -> DictConfig:
     return OmegaConf.structured(ExperimentConfig)
+
+
+#: The most characters of a key a message quotes: a file that is not a
+#: config (``osfl run /etc/passwd``) reads as one long key, never printed whole.
+MAX_QUOTED = 60
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= MAX_QUOTED else text[: MAX_QUOTED - 1] + "\u2026"
 
 
 def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> ConfigError:
@@ -38,7 +50,7 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
         prefix = f"{parent}." if "." in key else ""
         hint = did_you_mean(key.rsplit(".", 1)[-1], keys, prefix)
         return ConfigError(
-            f"unknown config key {key!r}{hint} ({source}); valid keys at {parent}: "
+            f"unknown config key {_short(key)!r}{hint} ({source}); valid keys at {_short(parent)}: "
             f"{', '.join(keys) or '(none)'}"
         )
     if isinstance(e, ValidationError):
@@ -50,10 +62,11 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
             value = getattr(e, "value", None)
             want = first.rsplit(" to ", 1)[-1]
             return ConfigError(
-                f"bad value for {key!r} ({source}): {value!r} is not a valid {want.lower()}"
+                f"bad value for {key!r} ({source}): {_short(repr(value))} is not a valid "
+                f"{want.lower()}"
             )
-        return ConfigError(f"bad value for {key!r} ({source}): {first}")
-    return ConfigError(f"invalid configuration ({source}): {str(e).splitlines()[0]}")
+        return ConfigError(f"bad value for {key!r} ({source}): {first[:200]}")
+    return ConfigError(f"invalid configuration ({source}): {str(e).splitlines()[0][:200]}")
 
 
 def default_config_text() -> str:
@@ -61,7 +74,49 @@ def default_config_text() -> str:
     return resources.files("osfl").joinpath("configs/default.yaml").read_text()
 
 
+#: The largest config file osfl reads (the packaged default is 2 KiB; a run's
+#: resolved config.yaml about 6 KiB).
+MAX_CONFIG_BYTES = 1 << 20
+#: The deepest nesting of mappings and lists a config may have (osfl's own
+#: nest five or six levels: ``method.kd.distill.lr``); deeper YAML made
+#: OmegaConf recurse past Python's limit, a ``RecursionError`` traceback.
+MAX_CONFIG_DEPTH = 32
+
+
+#: PyYAML's event parser: libyaml's where PyYAML was built with it (fast),
+#: else the pure-Python one.
+_EVENTS = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _too_deep(text: str) -> bool | None:
+    """Whether YAML ``text`` nests mappings or lists deeper than
+    :data:`MAX_CONFIG_DEPTH` (``None``: it is not YAML), found before
+    anything builds it: PyYAML's event parser is iterative, its composer
+    (and OmegaConf) recursive."""
+    depth = 0
+    try:
+        for event in yaml.parse(text, Loader=_EVENTS):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_CONFIG_DEPTH:
+                    return True
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.YAMLError:
+        return None
+    return False
+
+
+def _deep_error(source: str) -> ConfigError:
+    return ConfigError(
+        f"{source} nests mappings or lists more than {MAX_CONFIG_DEPTH} levels deep: "
+        "not an osfl config"
+    )
+
+
 def _yaml_text(text: str, source: str) -> tuple[DictConfig, str]:
+    if _too_deep(text):
+        raise _deep_error(source)
     try:
         node = OmegaConf.create(text)
     except Exception as e:  # yaml.YAMLError and friends
@@ -95,10 +150,13 @@ def _packaged_default() -> tuple[DictConfig, str]:
 
 
 def _read_yaml(path: str | Path) -> tuple[DictConfig, str]:
+    """One config file's layer, read through :mod:`osfl.safe_read` (a regular
+    file of UTF-8 text, at most :data:`MAX_CONFIG_BYTES`)."""
     p = Path(path)
-    if not p.is_file():
+    if not p.exists() and not p.is_symlink():
         raise ConfigError(f"config file not found: {p}{_not_found_hint(p)}")
-    return _yaml_text(p.read_text(encoding="utf-8"), str(p))
+    text = read_text(p, max_bytes=MAX_CONFIG_BYTES, what="config file", error=ConfigError)
+    return _yaml_text(text, str(p))
 
 
 def _not_found_hint(p: Path) -> str:
@@ -118,6 +176,10 @@ def _parse_overrides(overrides: Sequence[str]) -> DictConfig:
     bad = [o for o in overrides if "=" not in o or o.startswith("=")]
     if bad:
         raise ConfigError(f"override {bad[0]!r} must look like key=value (e.g. train.lr=0.01)")
+    for o in overrides:  # each value is parsed as YAML: bounded as a file is
+        key, _, value = o.partition("=")
+        if _too_deep(value):
+            raise _deep_error(f"override {key}")
     try:
         return OmegaConf.from_dotlist(list(overrides))
     except (OmegaConfBaseException, yaml.YAMLError) as e:  # a value is parsed as YAML
@@ -179,6 +241,15 @@ def _merge(layers: list[tuple[DictConfig, str]], overrides: Sequence[str]) -> Ex
         raise ConfigError(f"invalid configuration: {e}") from e
     assert isinstance(cfg, ExperimentConfig)
     return cfg
+
+
+@functools.cache
+def default_partitions() -> tuple[dict[str, Any], ...]:
+    """The ``partition`` a user who set none of it has: the packaged
+    default's and the dataclass defaults' (a saved split,
+    :mod:`osfl.data.saved_split`, refuses only options set to something else)."""
+    bare = load_config(None, embedded_default=False).partition
+    return tuple(dataclasses.asdict(p) for p in (load_config(None).partition, bare))
 
 
 def to_yaml(cfg: ExperimentConfig) -> str:

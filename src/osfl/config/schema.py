@@ -106,6 +106,32 @@ class TransformConfig:
 
 
 @dataclass(frozen=True)
+class FlowerEngineConfig:
+    """``runtime=flower_engine``: where Flower's simulation engine runs (a Ray
+    of its own, or a cluster the user already runs) and how long its server
+    waits (docs/flower.md). None of it changes a number: a client that misses
+    a wait is a dropout the record names."""
+
+    #: a running Ray cluster to join (host:port of its head, ray://host:10001, or auto); null: Ray's own RAY_ADDRESS if set, else a local Ray started and stopped by the run
+    ray_address: str | None = None
+    #: seconds the server waits for every engine node to register and answer before round 0 (each ClientApp builds its job then): raise it for many clients on a loaded machine
+    node_timeout: float = 120.0
+    #: seconds the server waits for a round's replies before it goes on without the clients still training
+    round_timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        for key in ("node_timeout", "round_timeout"):
+            value = getattr(self, key)
+            if not (isinstance(value, int | float) and value > 0 and value < float("inf")):
+                raise ConfigError(f"flower_engine.{key} must be seconds > 0, got {value!r}")
+        if self.ray_address is not None and not self.ray_address.strip():
+            raise ConfigError(
+                "flower_engine.ray_address is empty: give host:port, ray://host:port or auto, "
+                "or null for a local Ray"
+            )
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     """Everything one ``osfl run`` needs. See ``configs/default.yaml`` for a
     commented example and ``docs/run-directory.md`` for what a run writes."""
@@ -164,6 +190,9 @@ class ExperimentConfig:
     # Flower SecAgg+: the server learns only the clients' weighted mean
     # (osfl.fl.secagg_config.SecAggPlusConfig; docs/secure-aggregation.md).
     secagg: SecAggPlusConfig = field(default_factory=SecAggPlusConfig)
+    # runtime=flower_engine: a Ray cluster to join, and the server's waits
+    # (FlowerEngineConfig; docs/flower.md).
+    flower_engine: FlowerEngineConfig = field(default_factory=FlowerEngineConfig)
     eval_local: bool = False
     eval_every: int = 0
     # Cost to an accuracy (osfl.convergence; needs eval_every > 0): the first round

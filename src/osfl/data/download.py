@@ -33,6 +33,16 @@ The cache is ``--cache DIR``, else ``$OSFL_DATA_CACHE``, else
 ``~/.cache/osfl/data``; ``--mirror URL`` (or ``$OSFL_DATA_MIRROR``) replaces the
 scheme and host of every URL, keeping its path, for a local mirror (and the
 tests' server on 127.0.0.1).
+
+Bounds (issue 51): a server is a peer, so a download is bounded in total
+time and size, not only per socket read. A server trickling one byte every
+few seconds never trips a per-read timeout, and a body without a
+``Content-Length`` would stream to disk for ever. Each file must arrive
+within ``timeout_s`` (default :data:`DEFAULT_TIMEOUT_S`, 30 minutes: the
+largest official file is 182 MiB) and hold at most ``max_bytes`` (default
+:data:`DEFAULT_MAX_BYTES`, 1 GiB); ``osfl data get --timeout S --max-bytes
+N`` raises them. A redirect is followed only to another http(s) URL (never
+``ftp://`` or ``file://``), at most :data:`MAX_REDIRECTS` times.
 """
 
 from __future__ import annotations
@@ -43,6 +53,7 @@ import os
 import shlex
 import shutil
 import tarfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -59,7 +70,13 @@ CACHE_ENV = "OSFL_DATA_CACHE"
 MIRROR_ENV = "OSFL_DATA_MIRROR"
 DEFAULT_CACHE = "~/.cache/osfl/data"
 _CHUNK = 1 << 20
-_TIMEOUT_S = 60.0
+#: The longest wait for one read of the socket (a stalled connection).
+READ_TIMEOUT_S = 60.0
+#: The longest one file's download may take, and the most bytes it may hold.
+DEFAULT_TIMEOUT_S = 1800.0
+DEFAULT_MAX_BYTES = 1 << 30
+MAX_REDIRECTS = 5
+_SCHEMES = ("http", "https")
 
 
 @dataclass(frozen=True)
@@ -210,9 +227,28 @@ def md5_of(path: Path) -> str:
     return h.hexdigest()
 
 
-def _open(url: str) -> tuple[Any, int | None]:
+class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    """urllib's redirects, kept to http(s): its own handler also follows a
+    server's redirect to ``ftp://``, which no dataset host needs."""
+
+    max_redirections = MAX_REDIRECTS
+
+    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str):
+        scheme = urllib.parse.urlsplit(urllib.parse.urljoin(req.full_url, newurl)).scheme
+        if scheme.lower() not in _SCHEMES:
+            raise DataError(
+                f"refusing the redirect of {req.full_url} to {newurl[:200]!r}: only http(s) "
+                "URLs are fetched"
+            )
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_OPENER = urllib.request.build_opener(_HttpOnlyRedirects)
+
+
+def _open(url: str, timeout_s: float) -> tuple[Any, int | None]:
     try:
-        resp = urllib.request.urlopen(url, timeout=_TIMEOUT_S)  # http(s) only: download_file checks
+        resp = _OPENER.open(url, timeout=min(READ_TIMEOUT_S, timeout_s))
     except urllib.error.HTTPError as e:
         raise DataError(f"cannot download {url}: HTTP {e.code} {e.reason}") from None
     except (urllib.error.URLError, OSError) as e:
@@ -222,22 +258,78 @@ def _open(url: str) -> tuple[Any, int | None]:
     return resp, int(length) if length and length.isdigit() else None
 
 
-def download_file(url: str, dest: Path, md5: str, progress: DownloadProgress) -> None:
-    """Stream ``url`` to ``dest.part``, check its MD5, rename it to ``dest``.
-    A mismatch or a broken transfer deletes the part file and raises a DataError."""
-    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+@dataclass(frozen=True)
+class Limits:
+    """How long one file's download may take and how large it may be."""
+
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.timeout_s, int | float) and 0 < self.timeout_s < float("inf")):
+            raise ConfigError(
+                f"--timeout must be a positive number of seconds, got {self.timeout_s!r}"
+            )
+        if (
+            isinstance(self.max_bytes, bool)
+            or not isinstance(self.max_bytes, int)
+            or self.max_bytes < 1
+        ):
+            raise ConfigError(f"--max-bytes must be a positive byte count, got {self.max_bytes!r}")
+
+
+def _stream(
+    resp: Any, out: Any, h: Any, url: str, limits: Limits, progress: DownloadProgress
+) -> None:
+    """Copy ``resp`` to ``out`` within ``limits``: ``read1`` returns what one
+    read of the socket brought, so the deadline is checked between reads of
+    at most :data:`READ_TIMEOUT_S` (``read`` would wait for a whole chunk)."""
+    deadline = time.monotonic() + limits.timeout_s
+    got = 0
+    while chunk := resp.read1(_CHUNK):
+        got += len(chunk)
+        if got > limits.max_bytes:
+            raise DataError(
+                f"download of {url} is larger than {limits.max_bytes:,} bytes (the most osfl "
+                "takes of one file; --max-bytes raises it)"
+            )
+        out.write(chunk)
+        h.update(chunk)
+        progress.advance(len(chunk))
+        if time.monotonic() > deadline:
+            raise DataError(
+                f"download of {url} took more than {limits.timeout_s:g} s ({got:,} bytes "
+                "arrived): a slow or stalled server; try again, use --mirror, or raise --timeout"
+            )
+
+
+def download_file(
+    url: str, dest: Path, md5: str, progress: DownloadProgress, limits: Limits | None = None
+) -> None:
+    """Stream ``url`` to ``dest.part`` within ``limits`` (module docstring),
+    check its MD5, rename it to ``dest``. A mismatch, a broken transfer or a
+    bound passed deletes the part file and raises a DataError."""
+    limits = limits or Limits()
+    if urllib.parse.urlsplit(url).scheme not in _SCHEMES:
         raise ConfigError(f"refusing to download {url!r}: only http(s) URLs are fetched")
     part = dest.with_name(dest.name + ".part")
+    part.unlink(missing_ok=True)  # whatever an earlier attempt left, even a FIFO
     h = hashlib.md5(usedforsecurity=False)
-    resp, total = _open(url)
+    resp, total = _open(url, limits.timeout_s)
+    if total is not None and total > limits.max_bytes:
+        resp.close()
+        raise DataError(
+            f"{url} is {total:,} bytes, more than the {limits.max_bytes:,} osfl takes of one "
+            "file (--max-bytes raises it)"
+        )
     progress.start(dest.name, url, total)
     try:
         with resp, open(part, "wb") as out:
-            while chunk := resp.read(_CHUNK):
-                out.write(chunk)
-                h.update(chunk)
-                progress.advance(len(chunk))
-    except OSError as e:  # includes a dropped connection and a full disk
+            _stream(resp, out, h, url, limits, progress)
+    except DataError:
+        part.unlink(missing_ok=True)
+        raise
+    except OSError as e:  # includes a dropped connection, a read timeout and a full disk
         part.unlink(missing_ok=True)
         raise DataError(f"download of {url} broke off: {e}") from None
     finally:
@@ -317,9 +409,11 @@ def get_dataset(
     cache: str | os.PathLike[str] | None = None,
     mirror: str | None = None,
     progress: DownloadProgress | None = None,
+    limits: Limits | None = None,
 ) -> Fetched:
-    """Download (or find) every file of dataset ``name``, verify it, unpack
-    archives; return where it is and the data spec that reads it."""
+    """Download (or find) every file of dataset ``name`` (each within
+    ``limits``: time and size), verify it, unpack archives; return where it
+    is and the data spec that reads it."""
     entry = DOWNLOADS.get(name)
     mirror = mirror if mirror else os.environ.get(MIRROR_ENV) or None
     progress = progress or DownloadProgress()
@@ -333,7 +427,7 @@ def get_dataset(
         if fresh:
             if dest.exists():
                 log.warning("%s does not match its published MD5; downloading it again", dest)
-            download_file(mirror_url(f.url, mirror), dest, f.md5, progress)
+            download_file(mirror_url(f.url, mirror), dest, f.md5, progress, limits)
             done.downloaded.append(f.name)
         else:
             log.info("%s is present and verified; skipped", dest)

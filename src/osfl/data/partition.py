@@ -117,7 +117,7 @@ def make_federation(
     if path is not None and path.exists():
         try:
             fed = Federation.load_json(path)
-            if fed.key() == key:
+            if fed.recipe_key() == key:
                 log.info("federation %s loaded from cache %s", name, path)
                 return fed
             log.warning("cached federation %s has another key; recomputing", path)

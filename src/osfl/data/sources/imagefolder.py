@@ -91,6 +91,20 @@ def _images(p: Path) -> list[str]:
     )
 
 
+def test_only_folder(spec: str) -> Path | None:
+    """The ``test/`` folder of ``imagefolder:<dir>`` when ``<dir>`` holds a
+    ``test/`` and no ``train/`` (else ``None``). Loaded as a tree it would be
+    one domain named "test", split 80/20 like any other; ``osfl eval --data``
+    scores such a folder in full instead (issue 52: the user's test data)."""
+    prefix, _, path = spec.strip().partition(":")
+    if prefix.strip() != "imagefolder" or not path or is_pack_file(path):
+        return None
+    root = Path(path).expanduser()
+    if (root / "test").is_dir() and not (root / "train").exists():
+        return root / "test"
+    return None
+
+
 def _scan(root: Path) -> _Listing:
     """Detect the layout and list every image file, in a deterministic order."""
     top = _subdirs(root)
