@@ -15,7 +15,10 @@ parser together and runs the command.
 A user error (unknown name, bad value, missing file: any
 :class:`~osfl.errors.OsflError`) prints one line ``osfl: error: ...`` and
 exits with status 2, like argparse's own usage errors; anything else is a bug
-and keeps its traceback.
+and keeps its traceback. Ctrl-C exits with 130: the first once the clients
+already training finish, a second at once (:mod:`osfl.interrupts`). Methods
+of other installed packages (``osfl.methods`` entry points) are found by every
+command that reads the method registry (docs/adding-a-method.md).
 """
 
 from __future__ import annotations

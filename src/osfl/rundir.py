@@ -26,8 +26,10 @@ from types import TracebackType
 from typing import Any
 
 from osfl import jsonio
-from osfl.errors import ConfigError
+from osfl.errors import ConfigError, OsflError
 from osfl.fl.observers import Observer
+from osfl.interrupts import atomic_section, on_exit_at_once
+from osfl.safe_read import read_json
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +76,42 @@ def prepare(path: Path, mode: str) -> None:
             )
         log.warning("replacing the run in %s (--overwrite)", path)
         shutil.rmtree(path)
-    if mode == "resume" and not (path / "config.yaml").is_file():
-        raise ConfigError(f"{path} holds no osfl run to resume (no config.yaml)")
+    if mode == "resume":
+        why = resume_problem(path)
+        if why is not None:
+            raise ConfigError(why)
+
+
+def resume_problem(path: Path) -> str | None:
+    """Why ``osfl run --resume PATH`` cannot finish a run there, in one line
+    that names what is missing and what to pass (``None``: it can). A run
+    directory's ``config.yaml`` is written before anything else, so a folder
+    without one holds no run to finish."""
+    pass_this = "pass the folder `osfl run` printed as `run directory: ...`"
+    if not path.exists():
+        return f"--resume {path}: there is no such directory; {pass_this}"
+    if not path.is_dir():
+        return f"--resume {path}: this is a file, not a run directory; {pass_this}"
+    if (path / "config.yaml").is_file():
+        return None
+    if (path / "config.yaml").exists() or (path / "config.yaml").is_symlink():
+        return f"--resume {path}: its config.yaml is not a regular file; {pass_this}"
+    runs = sorted(p.parent.name for p in path.glob("*/config.yaml") if is_run_dir(p.parent))
+    if runs:
+        shown = ", ".join(str(path / r) for r in runs[-3:])
+        return (
+            f"--resume {path}: this folder holds run directories, not a run; pass one of "
+            f"them (e.g. {shown})"
+        )
+    if is_run_dir(path):
+        return (
+            f"--resume {path}: the run's config.yaml is missing (every run writes it first), "
+            "so there is no config to finish it with; start a new run"
+        )
+    return (
+        f"--resume {path}: not an osfl run directory (no config.yaml, which every run "
+        f"writes first); {pass_this}"
+    )
 
 
 class RunDir:
@@ -106,6 +142,12 @@ class RunDir:
         if self._logger.getEffectiveLevel() > logging.INFO:
             self._logger.setLevel(logging.INFO)
         self._t0 = time.perf_counter()
+        # a second Ctrl-C ends the process without __exit__: say why here first
+        self._forget_exit = on_exit_at_once(self._stopped_at_once)
+
+    def _stopped_at_once(self) -> None:
+        self.event("run_failed", error="KeyboardInterrupt", reason="interrupted twice")
+        log.error("run stopped at once: interrupted twice (%s)", self._kept())
 
     @staticmethod
     def default_path(name: str, root: str | Path = "runs") -> Path:
@@ -121,15 +163,18 @@ class RunDir:
     def event(self, kind: str, **fields: Any) -> None:
         """Append one event line: ``{"event", "t" (s since start), ...fields}``."""
         line = {"event": kind, "t": round(time.perf_counter() - self._t0, 4), **fields}
-        self._events.write(jsonio.dumps(line) + "\n")
-        self._events.flush()
+        with atomic_section():  # Ctrl-C never cuts a line
+            self._events.write(jsonio.dumps(line) + "\n")
+            self._events.flush()
 
     def write_text(self, name: str, text: str) -> Path:
         p = self.path / name
-        p.write_text(text, encoding="utf-8")
+        with atomic_section():  # Ctrl-C never leaves half a config.yaml or summary.md
+            p.write_text(text, encoding="utf-8")
         return p
 
     def close(self) -> None:
+        self._forget_exit()
         self._logger.removeHandler(self._handler)
         self._logger.setLevel(self._old_level)
         self._handler.close()
@@ -137,10 +182,10 @@ class RunDir:
 
     def _kept(self) -> str:
         """What a stopped run leaves: how many finished records metrics.json holds."""
-        try:
-            doc = jsonio.loads((self.path / "metrics.json").read_text(encoding="utf-8"))
+        try:  # bounded, a regular file only (a FIFO must not hang a failing run)
+            doc = read_json(self.path / "metrics.json", max_bytes=256 << 20, what="metrics file")
             n = len(doc["records"])
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OsflError, KeyError, TypeError):
             n = 0
         if n == 0:
             return "no record finished: metrics.json holds none"

@@ -42,10 +42,12 @@ def test_every_kind_of_name_gets_a_did_you_mean(capsys, argv, needle) -> None:
 
 
 def _methods():
+    """osfl's own methods (a method another installed package adds states
+    its card for itself: docs/adding-a-method.md)."""
     import osfl.methods  # noqa: F401  (registers the methods)
     from osfl.fl.method import METHODS
 
-    return [METHODS.get(n) for n in METHODS.names()]
+    return [METHODS.get(n) for n in METHODS.names() if METHODS.origin(n) is None]
 
 
 #: Methods that follow no paper (a baseline osfl defines).
@@ -56,23 +58,36 @@ def test_every_method_has_its_own_one_line_summary_and_paper() -> None:
     summaries = {}
     for cls in _methods():
         s = cls.card.summary
-        assert s and "\n" not in s and len(s) <= 120, (cls.name, s)
+        assert s and "\n" not in s and len(s) <= 120, (
+            f"method {cls.name!r} needs a card.summary of one line, at most 120 characters "
+            f"(what osfl list shows), not {s!r}"
+        )
         summaries.setdefault(s, []).append(cls.name)
-        assert bool(cls.card.paper) != (cls.name in NO_PAPER), cls.name
+        if cls.name in NO_PAPER:
+            assert not cls.card.paper, f"method {cls.name!r} is in NO_PAPER but names a paper"
+        else:
+            assert cls.card.paper, (
+                f"method {cls.name!r} has no card.paper (the work it follows: authors, venue, "
+                "year); an osfl baseline of its own goes into NO_PAPER here"
+            )
     # a card made from its parent's must not say the parent's words
-    assert all(len(names) == 1 for names in summaries.values()), summaries
+    shared = {s: names for s, names in summaries.items() if len(names) > 1}
+    assert not shared, f"methods share one card.summary (a card copied from its parent): {shared}"
 
 
 def test_every_option_of_every_method_has_a_description() -> None:
     from osfl.config import config_options
 
     missing = [
-        f"{cls.name}: {o.key}"
+        f"method {cls.name!r} option {o.key!r}"
         for cls in _methods()
         for o in config_options(cls.Config)
         if not o.help or "\n" in o.help
     ]
-    assert missing == []
+    assert missing == [], (
+        f"{', '.join(missing)}: no one-line '#:' comment above the field in its Config "
+        "(what osfl list --method shows)"
+    )
 
 
 def test_osfl_list_is_short_tables(capsys) -> None:

@@ -131,7 +131,31 @@ def test_resume_with_another_config_is_refused(tmp_path, capsys) -> None:
     line = exit_2(capsys, ["run", "--resume", str(out), "train.epochs=2", "train.lr=0.5"])
     assert "in train.epochs (2 here, 1 in the run), train.lr (0.5 here, " in line
     line = exit_2(capsys, ["run", "--resume", str(tmp_path / "nothing")])
-    assert "no osfl run to resume" in line
+    assert "there is no such directory; pass the folder `osfl run` printed" in line
+
+
+def test_resume_from_the_wrong_directory_says_what_is_missing_and_what_to_pass(
+    tmp_path, capsys
+) -> None:
+    """Issue 52: "(no config.yaml)" named neither what a run directory is nor
+    what to pass; each wrong place now says both in one line."""
+    parent = tmp_path / "runs"
+    (parent / "20260101-120000-default").mkdir(parents=True)
+    (parent / "20260101-120000-default" / "config.yaml").write_text("base: none\n")
+    (parent / "20260101-120000-default" / "metrics.json").write_text("{}")
+    line = exit_2(capsys, ["run", "--resume", str(parent)])
+    assert "holds run directories, not a run; pass one of them" in line
+    assert str(parent / "20260101-120000-default") in line
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = exit_2(capsys, ["run", "--resume", str(empty)])
+    assert "not an osfl run directory (no config.yaml, which every run writes first)" in line
+    assert "pass the folder `osfl run` printed as `run directory: ...`" in line
+    (empty / "metrics.json").write_text("{}")  # a run whose config.yaml was deleted
+    line = exit_2(capsys, ["run", "--resume", str(empty)])
+    assert "config.yaml is missing" in line and "start a new run" in line
+    line = exit_2(capsys, ["run", "--resume", str(empty / "metrics.json")])
+    assert "this is a file, not a run directory" in line
 
 
 def test_a_failing_run_keeps_finished_records_and_says_why(tmp_path, monkeypatch) -> None:

@@ -120,7 +120,9 @@ def test_nodes_that_never_registered_are_one_line_without_the_supernode_hint(
         _engine(monkeypatch, missing).execute(toy_job())
     line = str(info.value)
     assert line == (
-        "Flower's simulation engine: only 1 of 3 nodes registered within 120 s (at least 2 needed)"
+        "Flower's simulation engine: only 1 of 3 nodes registered within 120 s (at least 2 "
+        "needed): raise flower_engine.node_timeout (now 120 s; e.g. "
+        "flower_engine.node_timeout=600) for many clients or a loaded machine"
     )
 
 

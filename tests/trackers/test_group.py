@@ -121,10 +121,11 @@ def test_run_ids_are_kept_and_handed_back_on_a_resume(tmp_path: Path) -> None:
     fresh.start(_info(tmp_path), resumed=False)
     assert fresh.trackers["a"].calls == [("start", None)]  # type: ignore[attr-defined]
     assert json.loads((tmp_path / "trackers.json").read_text()) == {"a": "id-new"}
-    (tmp_path / "trackers.json").write_text("[not an object")
+    (tmp_path / "trackers.json").write_text("[not an object")  # issue 51: refused, not ignored
     damaged = _group(a=Recorder("id-2"))
-    damaged.start(_info(tmp_path), resumed=True)
-    assert damaged.trackers["a"].calls == [("start", None)]  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match=r"trackers\.json is not valid JSON .*"):
+        damaged.start(_info(tmp_path), resumed=True)
+    assert damaged.trackers["a"].calls == []  # type: ignore[attr-defined]
 
 
 def test_every_backend_is_called_in_order_and_closed_however_the_run_ends(

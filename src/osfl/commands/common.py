@@ -5,13 +5,18 @@ scoreboards, and the one-line handling of a user error (:func:`dispatch`)."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
+import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from osfl.errors import ConfigError, OsflError
 from osfl.fl.progress import Progress, RichProgress
+from osfl.interrupts import INTERRUPTED, sigint_policy
 
 VERBOSE_HELP = (
     "more log output: -v shows each client's training and each method's result "
@@ -34,6 +39,22 @@ def split_config_files(items: Sequence[str]) -> tuple[list[str], list[str]]:
     return configs, [item for item in items if "=" in item]
 
 
+def name_from_file(configs: Sequence[str], overrides: Sequence[str]) -> list[str]:
+    """``name="<stem>"`` for a run of the user's own config files when none of
+    them (nor their ``base:`` files, nor an override) sets ``name``: the run
+    directory and the tables are then named after the file, not after the
+    packaged default they layer on ("default")."""
+    if not configs or any(o.split("=", 1)[0].strip() == "name" for o in overrides):
+        return []
+    # heavy: omegaconf (the config layers)
+    from osfl.config import config_layers_of
+
+    packaged = config_layers_of(None)[0][1]
+    if any("name" in node for node, source in config_layers_of(configs) if source != packaged):
+        return []
+    return [f"name={json.dumps(Path(configs[-1]).stem)}"]
+
+
 def split_run_args(items: Sequence[str]) -> tuple[str | None, list[str]]:
     """``[CONFIG.yaml] key=value ...`` for a command that takes one config file."""
     configs, overrides = split_config_files(items)
@@ -43,6 +64,24 @@ def split_run_args(items: Sequence[str]) -> tuple[str | None, list[str]]:
             "key=value overrides"
         )
     return (configs[0] if configs else None), overrides
+
+
+#: When this module was imported (the first thing ``osfl`` does): the start
+#: time where the kernel does not say when the process started.
+_IMPORTED = time.perf_counter()
+
+
+def process_seconds() -> float:
+    """Seconds since this process started: imports, data loading and planning
+    included, as a user waiting for the command counts them (Linux: the
+    kernel's start time of the process; elsewhere since osfl's CLI loaded)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()
+        started = int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - started)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.perf_counter() - _IMPORTED
 
 
 #: The console of the running command (:func:`new_console` makes it; logging writes through it).
@@ -130,12 +169,14 @@ def setup_logging(verbose: int, console: Any) -> None:
 def dispatch(args: argparse.Namespace) -> int:
     """Run the parsed command: a user error (any :class:`~osfl.errors.OsflError`,
     or an ``OSError`` on a path the user gave) prints one line ``osfl: error:
-    ...`` and exits with its status (2); Ctrl-C exits with 130."""
+    ...`` and exits with its status (2); Ctrl-C exits with 130, a second one
+    at once (:mod:`osfl.interrupts`: no write is cut, no thread waited for)."""
     try:
-        return int(args.func(args))
+        with sigint_policy():
+            return int(args.func(args))
     except (OsflError, OSError) as e:  # OSError: a path the user gave cannot be read/written
         print(f"osfl: error: {e}", file=sys.stderr)
         raise SystemExit(e.exit_status if isinstance(e, OsflError) else 2) from None
     except KeyboardInterrupt:
         print("osfl: interrupted", file=sys.stderr)
-        raise SystemExit(130) from None
+        raise SystemExit(INTERRUPTED) from None

@@ -1,6 +1,8 @@
 """``osfl list [--method NAME]``: the names a config can use (datasets,
 partition schemes, models, methods, transform pipelines, attacks), or one
-method's paper and options."""
+method's paper and options. Methods from other installed packages (their
+``osfl.methods`` entry points, docs/adding-a-method.md) are listed with the
+built-ins and say which package they come from."""
 
 from __future__ import annotations
 
@@ -100,6 +102,9 @@ def _describe_method(console: Any, name: str) -> None:
     card = cls.card
     console.print(f"[bold]{cls.name}[/bold]: {card.summary}", highlight=False)
     console.print(f"paper: {card.paper or '(an osfl baseline)'}", markup=False, highlight=False)
+    origin = METHODS.origin(cls.name)
+    if origin is not None:
+        console.print(f"from: {origin}", markup=False, highlight=False)
     console.print(
         f"regime {card.regime} ({REGIMES[card.regime]}); uploads {card.uploads} "
         f"({UPLOAD_KINDS[card.uploads]}); rounds: {_rounds_label(cls)}",
@@ -137,7 +142,18 @@ def cmd_list(args: argparse.Namespace) -> int:
     kinds = registries()
     console.print(_names_table({k: v for k, v in kinds.items() if k != "methods"}))
     console.print(_methods_table(kinds["methods"]))
+    _print_plugins(console, kinds["methods"])
     return 0
+
+
+def _print_plugins(console: Any, names: Sequence[str]) -> None:
+    """One line per method another installed package adds: where it comes from."""
+    from osfl.fl.method import METHODS  # heavy: torch
+
+    for name in names:
+        origin = METHODS.origin(name)
+        if origin is not None:
+            console.print(f"plugin {name}: {origin}", markup=False, highlight=False)
 
 
 def add_parser(sub: Any) -> None:

@@ -11,7 +11,9 @@ from typing import Any
 
 from osfl.commands.common import (
     get_console,
+    name_from_file,
     print_scoreboards,
+    process_seconds,
     progress_board,
     split_config_files,
     verbose_here,
@@ -54,11 +56,16 @@ def cmd_run(args: argparse.Namespace) -> int:
             )
         if out is not None and Path(out) != Path(args.resume):
             raise ConfigError(f"--resume {args.resume} writes there; drop --out {out}")
-        if not (Path(args.resume) / "config.yaml").is_file():
-            raise ConfigError(f"{args.resume} holds no osfl run to resume (no config.yaml)")
+        from osfl.rundir import resume_problem  # heavy: torch, as osfl.runner above
+
+        why = resume_problem(Path(args.resume))
+        if why is not None:
+            raise ConfigError(why)
         mode, out, config = "resume", args.resume, str(Path(args.resume) / "config.yaml")
     elif args.overwrite:
         mode = "overwrite"
+    if mode != "resume":
+        overrides = [*name_from_file(configs, overrides), *overrides]
     if args.no_progress:
         overrides.append("progress=false")
     console = get_console()
@@ -84,7 +91,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         table = audit_rich_table(records)
         if table is not None:
             console.print(table)
-    console.print(f"run directory: {outcome.out}  ({outcome.wall_s:.1f} s)")
+    # the wait as the user counts it, from the command's start (imports, data, plans)
+    console.print(f"run directory: {outcome.out}  ({process_seconds():.1f} s)")
     return 0
 
 

@@ -1,5 +1,6 @@
 """FL methods, one module per family; importing this package registers them
-in :data:`osfl.fl.method.METHODS`.
+in :data:`osfl.fl.method.METHODS`, and then lets the methods of other
+installed packages join (``osfl.methods`` entry points, :mod:`.plugins`).
 
 Baselines here: ``local`` (each client alone, the floor), ``fedavg`` (one-shot
 with ``rounds=1``, else multi-round), ``fedprox`` and ``ensemble``. A method
@@ -33,6 +34,7 @@ from osfl.methods.clients import trained_client
 from osfl.methods.ensemble import Ensemble, EnsemblePredictor
 from osfl.methods.fedavg import FedAvg, FedProx
 from osfl.methods.local import Local
+from osfl.methods.plugins import METHOD_PLUGINS, adopt_method
 
 __all__ = [
     "METHODS",
@@ -48,6 +50,12 @@ __all__ = [
     "local",
     "trained_client",
 ]
+
+
+# Last, once every built-in is registered: other packages' methods (their
+# ``osfl.methods`` entry points) join on the registry's first read, and one
+# that takes a built-in's name is refused (docs/adding-a-method.md).
+METHODS.accept_plugins(METHOD_PLUGINS, adopt_method)
 
 
 def default_methods() -> list[str]:

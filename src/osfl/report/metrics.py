@@ -20,9 +20,15 @@ import torch
 from osfl import __version__, jsonio
 from osfl.errors import DataError
 from osfl.fl.fingerprint import cpu_fingerprint, fingerprint_id
+from osfl.interrupts import atomic_section
 from osfl.record import SCHEMA_VERSION, RecordError, as_json, file_version, read_records
+from osfl.safe_read import read_json
 
 __all__ = ["SCHEMA_VERSION", "machine_info", "read_metrics", "write_metrics"]
+
+#: The largest ``metrics.json`` read (a record is a few KiB; a 1,000-round
+#: run's curves a few MiB).
+MAX_METRICS_BYTES = 256 << 20
 
 
 def write_metrics(
@@ -41,8 +47,9 @@ def write_metrics(
     p = Path(path)
     text = jsonio.dumps(doc, indent=2) + "\n"
     tmp = p.with_name(f".{p.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, p)  # atomic: a reader (or a crash) never sees half a file
+    with atomic_section():  # Ctrl-C waits for the rename: never half a metrics.json
+        tmp.write_text(text)
+        os.replace(tmp, p)  # atomic: a reader (or a crash) never sees half a file
     return p
 
 
@@ -73,10 +80,8 @@ def read_metrics(path: str | Path) -> dict[str, Any]:
     ``seed``, a version this code cannot read) is one :class:`DataError`
     naming the file, the record and the field; the text is read with bounded
     nesting (:func:`osfl.jsonio.loads`)."""
-    try:
-        doc = jsonio.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path}: damaged ({e})") from e
+    # a regular UTF-8 file of bounded size (a FIFO or /dev/zero is one line)
+    doc = read_json(path, max_bytes=MAX_METRICS_BYTES, what="metrics file")
     records = doc.get("records") if isinstance(doc, dict) else None
     if not isinstance(records, list):
         raise DataError(f"{path}: damaged (no list of records)")

@@ -15,6 +15,7 @@ import numpy as np
 from osfl.convergence import link_seconds
 from osfl.fl.regimes import REGIMES
 from osfl.fl.upload import human_bytes
+from osfl.interrupts import atomic_section
 from osfl.record import ranked_accuracy
 from osfl.report.tables import records_with
 
@@ -35,7 +36,8 @@ def plot_curves(
     if fig is None:
         return None
     out = Path(path)
-    fig.savefig(out)
+    with atomic_section():  # Ctrl-C never leaves half a PNG
+        fig.savefig(out)
     return out
 
 
@@ -143,7 +145,8 @@ def plot_frontier(records: Sequence[Mapping[str, Any]], path: str | Path) -> Pat
     if fig is None:
         return None
     out = Path(path)
-    fig.savefig(out)
+    with atomic_section():  # Ctrl-C never leaves half a PNG
+        fig.savefig(out)
     return out
 
 

@@ -19,7 +19,9 @@ from pathlib import Path
 from types import TracebackType
 
 from osfl.errors import ConfigError
+from osfl.interrupts import atomic_section
 from osfl.record import RunRecord
+from osfl.safe_read import read_json
 from osfl.trackers.base import TRACKERS, RunInfo, SummaryTable, Tracker
 
 #: The file in the run directory that holds each backend's run id.
@@ -48,16 +50,31 @@ def check_installed(names: Sequence[str]) -> None:
         )
 
 
-def _read_ids(path: Path) -> dict[str, str]:
-    """The backends' run ids a run directory holds (none when the file is
-    missing or not an object of strings: a new backend run is opened)."""
+#: The largest ``trackers.json`` read: a few ids of a few dozen characters each.
+MAX_IDS_BYTES = 64 << 10
+
+
+def read_ids(path: Path) -> dict[str, str]:
+    """The backends' run ids a run directory holds (none when it has no
+    file: a new backend run is opened). A file that is not a JSON object of
+    short strings (damaged, nested, a FIFO, not UTF-8) is one line: a
+    resume must not open a second tracker run in silence."""
+    if not path.exists() and not path.is_symlink():
+        return {}
+    fix = f"delete {path} to open new tracker runs"
     try:
-        ids = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(ids, Mapping):
-        return {}
-    return {str(k): v for k, v in ids.items() if isinstance(v, str)}
+        ids = read_json(
+            path, max_bytes=MAX_IDS_BYTES, max_depth=1, what="tracker ids file", error=ConfigError
+        )
+    except ConfigError as e:
+        raise ConfigError(f"{e}; {fix}") from None
+    if not isinstance(ids, Mapping) or not all(
+        isinstance(v, str) and 0 < len(v) <= 256 for v in ids.values()
+    ):
+        raise ConfigError(
+            f"tracker ids file {path} is damaged (not an object of run-id strings); {fix}"
+        )
+    return {str(k): v for k, v in ids.items()}
 
 
 def _start(name: str, tracker: Tracker, info: RunInfo) -> str | None:
@@ -85,14 +102,15 @@ class TrackerGroup:
         if not self.trackers:
             return
         path = info.run_dir / IDS_FILE
-        before = _read_ids(path) if resumed else {}
+        before = read_ids(path) if resumed else {}
         ids = dict(before)
         for name, tracker in self.trackers.items():
             new = _start(name, tracker, dataclasses.replace(info, resume_id=before.get(name)))
             if new is not None:
                 ids[name] = new
         if ids:
-            path.write_text(json.dumps(ids, indent=2) + "\n", encoding="utf-8")
+            with atomic_section():  # a second Ctrl-C waits for the whole file
+                path.write_text(json.dumps(ids, indent=2) + "\n", encoding="utf-8")
 
     def log_round(
         self, method: str, seed: int, point: str, round: int, metrics: Mapping[str, float]
