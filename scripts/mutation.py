@@ -47,6 +47,10 @@ CORES = (
     "osfl.privacy",
     "osfl.fl.aggregators",
     "osfl.fl.upload",
+    "osfl.fl.training",
+    "osfl.fl.batched_training",
+    "osfl.fl.tensor_fit",
+    "osfl.fl.runtime.rounds",
     "osfl.robustness",
     "osfl.scoreboard",
 )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import os
 
 import pytest
 import torch
@@ -439,4 +440,5 @@ def test_the_training_module_keeps_the_loop_only() -> None:
     with the loaders; the loop's module stays under the project's 500 lines."""
     assert hasattr(optim, "fused") and hasattr(loader, "DeviceLoader")
     assert not hasattr(training, "_fused") and not hasattr(training, "_DeviceLoader")
-    assert len(inspect.getsource(training).splitlines()) < 500
+    if os.environ.get("MUTANT_UNDER_TEST") is None:  # mutmut's copy holds every mutant too
+        assert len(inspect.getsource(training).splitlines()) < 500

@@ -265,6 +265,45 @@ def test_synthesize_returns_the_best_normalised_batch() -> None:
     assert min(costs) < costs[0]
 
 
+def test_synthesize_keeps_the_un_augmented_batch_of_the_lowest_loss_step() -> None:
+    """DENSE's and Co-Boosting's ``synthesize`` keep ``best_inputs =
+    inputs.data`` of the step with the lowest loss: the generator's output
+    *before* the augmentation the loss saw, and of that step, not the last.
+    Here the augmentation is deterministic and visible (a flip, halved and
+    shifted), and the loss is scripted so that its minimum lies at step 2 of
+    6 while the generator keeps moving (each step's gradient is real)."""
+    torch.manual_seed(0)
+    g = Generator(nz=8, ngf=4, img_size=8, channels=1)
+    costs = [5.0, 3.0, 1.0, 4.0, 2.0, 6.0]  # lowest at step 2; the last is the worst
+    seen: list[torch.Tensor] = []  # the un-augmented batch of each step
+    steps = iter(range(len(costs)))
+
+    def augment(x: torch.Tensor, rng: torch.Generator | None) -> torch.Tensor:
+        seen.append(x.detach().clone())
+        return 0.5 * x.flip(-1) + 3.0
+
+    def loss_fn(xa: torch.Tensor, y: torch.Tensor):
+        i = next(steps)
+        assert float(xa.detach().min()) >= 3.0  # the loss sees the augmented view
+        moving = (xa - 3.0).mean()  # a real gradient, so the generator moves every step
+        loss = moving + (costs[i] - moving.detach())  # worth exactly costs[i]
+        return loss, {"step": float(i)}
+
+    x, terms = synthesize(
+        g,
+        torch.zeros(4, dtype=torch.long),
+        loss_fn,
+        iterations=len(costs),
+        lr=0.05,
+        augment=augment,
+        rng=torch.Generator().manual_seed(0),
+    )
+    assert len(seen) == len(costs)
+    assert not torch.allclose(seen[2], seen[-1])  # the batches differ step to step
+    torch.testing.assert_close(x, seen[2], rtol=0, atol=0)  # step 2's, un-augmented
+    assert terms == {"step": 2.0}
+
+
 def test_pool_sample_draws_with_the_given_generator_and_one_image_is_enough() -> None:
     pool = SyntheticPool()
     pool.add(torch.arange(6, dtype=torch.float32).view(6, 1, 1, 1), torch.arange(6))

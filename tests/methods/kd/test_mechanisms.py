@@ -23,6 +23,7 @@ from osfl import assembly
 from osfl.config import method_config
 from osfl.fl.method import METHODS
 from osfl.methods.clients import model_from_state
+from osfl.methods.kd import coboosting as coboosting_module
 from osfl.methods.kd import deepinversion as deepinversion_module
 from osfl.methods.kd import dense as dense_module
 from osfl.methods.kd import fedftg as fedftg_module
@@ -482,6 +483,136 @@ def test_coboosting_perturbation_ascends_the_random_projection(task: Task) -> No
         after = (r * F.softmax(teacher(xp) / temperature, dim=-1)).sum()
     assert float(after) > float(before)
     assert ods_perturb(teacher, x, 0.0, temperature, None) is x
+
+
+def _kl_t2(target: torch.Tensor, other: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Per-sample ``T² · KL(softmax(target/T) || softmax(other/T))``, written out."""
+    p = F.softmax(target / temperature, 1)
+    return (p * (p.log() - F.log_softmax(other / temperature, 1))).sum(1) * temperature**2
+
+
+class KeepsStudent:
+    """Mixin: remember the server model the method built."""
+
+    def build_student(self, state, side):
+        self.student = super().build_student(state, side)  # type: ignore[misc]
+        return self.student
+
+
+def test_coboosting_generator_loss_term_by_term(task: Task, monkeypatch) -> None:
+    """Co-Boosting's generator loss (Dai et al., ICLR 2024, Eq. 4-5; the
+    code's ``COBOOSTSynthesizer``: ``loss_oh`` and ``loss_adv =
+    -kldiv(s_out, t_out, T=3)``) on a fixed batch, each term by hand: ``oh``
+    the hard-sample-weighted CE of the *weighted ensemble* E_w (here
+    data-size weights, so E_w is not the plain mean), ``adv`` the negative,
+    unmasked ``T² · KL(E_w(x) || s(x))`` with the ensemble as the target and
+    the (frozen, eval-mode) server model as the other side."""
+    torch.manual_seed(0)
+    x = task.x[:16].clone()
+    y = torch.randint(0, task.run.num_classes, (16,))
+    captured: dict[str, Any] = {}
+
+    def stop(side, cfg, batch_size, gen, loss_fn):
+        captured["terms"] = loss_fn(x, y)[1]
+        raise _Captured
+
+    monkeypatch.setattr(coboosting_module, "synthesize_batch", stop)
+    cls = type("Spy", (KeepsStudent, METHODS.get("coboosting")), {})
+    options = {
+        **BUDGETS["coboosting"],
+        "weighting": "data_size",
+        "oh_weight": 1.3,
+        "adv_weight": 0.9,
+        "adv_temperature": 2.5,
+        "hard_sample_power": 2.0,
+    }
+    method = task.method("coboosting", cls, **options)
+    with pytest.raises(_Captured):
+        task.serve(method)
+    terms = captured["terms"]
+    assert set(terms) == {"oh", "adv"}  # bn_weight = 0: no BN term, as the code
+
+    n = torch.tensor([float(task.uploads[c].meta["num_samples"]) for c in task.ids])
+    assert float(n.max() - n.min()) > 0  # the weighted ensemble is not the plain mean
+    with torch.no_grad():
+        t = (n[:, None, None] * torch.stack([m(x) for m in task.members])).sum(0) / n.sum()
+        s = method.student.eval()(x)
+        p_y = F.softmax(t, 1)[torch.arange(16), y]
+        oh = ((1 - p_y) ** 2 * F.cross_entropy(t, y, reduction="none")).mean()
+        adv = -_kl_t2(t, s, 2.5).mean()
+        exchanged = -_kl_t2(s, t, 2.5).mean()
+    assert abs(float(adv - exchanged)) > 1e-3  # the two directions differ on this batch
+    assert terms["oh"] == pytest.approx(1.3 * float(oh), rel=1e-5)
+    assert terms["adv"] == pytest.approx(0.9 * float(adv), rel=1e-5)
+
+
+def test_coboosting_kd_compares_both_sides_on_the_perturbed_input(task: Task, monkeypatch) -> None:
+    """Co-Boosting's KD (Dai et al., ICLR 2024, Eq. 8; the code's
+    ``cb_kd_train``: ``images_adv = ods(images)``, then ``t_out =
+    teacher(images_adv)``, ``s_out = student(images_adv)``): the student
+    *and* the ensemble see the same perturbed batch ``x'``, and the loss is
+    ``T² · KL(E_w(x') || s(x'))`` at the KD temperature. The perturbation
+    is replaced by a fixed, visible one (its own direction is tested
+    above), and its size and temperature are the configured ones."""
+    captured: dict[str, Any] = {}
+
+    class Stop(KeepsTeacher, KeepsStudent, METHODS.get("coboosting")):  # type: ignore[misc]
+        def pool_distiller(self, side, teacher, student, loss_fn=None):
+            captured["loss_fn"] = loss_fn
+            raise _Captured
+
+    delta = 0.5 * torch.sign(
+        torch.randn(task.x[:8].shape, generator=torch.Generator().manual_seed(4))
+    )
+    ods_calls: list[tuple[float, float]] = []
+
+    def fixed_ods(teacher, x, eps, temperature, rng):
+        ods_calls.append((eps, temperature))
+        return x + delta
+
+    monkeypatch.setattr(coboosting_module, "ods_perturb", fixed_ods)
+    options = {**BUDGETS["coboosting"], "ods_eps": 0.07, "ods_temperature": 2.0}
+    options["distill"] = {**options["distill"], "temperature": 3.0}
+    method = task.method("coboosting", Stop, **options)
+    with pytest.raises(_Captured):
+        task.serve(method)
+    x = task.x[:8].clone()
+    student = method.student.eval()
+    d = type("D", (), {"student": student})()
+    with torch.no_grad():
+        got = captured["loss_fn"](d, None, x)
+        xp = x + delta
+        t = method.teacher(xp)
+        want = _kl_t2(t, student(xp), 3.0).mean()
+        clean_student = _kl_t2(t, student(x), 3.0).mean()
+        clean_teacher = _kl_t2(method.teacher(x), student(xp), 3.0).mean()
+    assert ods_calls == [(0.07, 2.0)]
+    assert min(abs(float(want - clean_student)), abs(float(want - clean_teacher))) > 1e-3
+    assert float(got) == pytest.approx(float(want), rel=1e-5)
+
+
+def test_coboosting_weight_step_decays_by_wdc_each_epoch(task: Task, monkeypatch) -> None:
+    """The ensemble-weight step of epoch e is ``mu · wdc^e`` (the code:
+    ``mu * wdc ** epoch``), from the second epoch on, over ``wa_steps``
+    passes of the pool in the KD batch size."""
+    calls: list[tuple[float, int, int]] = []
+
+    def spy(teacher, pool, step_size, *, passes, batch_size, generator):
+        calls.append((step_size, passes, batch_size))
+        return teacher.weights
+
+    monkeypatch.setattr(coboosting_module, "boost_ensemble_weights", spy)
+    options = {
+        **BUDGETS["coboosting"],
+        "epochs": 3,
+        "generator": {"steps": 1},
+        "mu": 0.04,
+        "wdc": 0.5,
+        "wa_steps": 2,
+    }
+    options["distill"] = {**options["distill"], "steps": 2}
+    task.serve(task.method("coboosting", **options))
+    assert calls == [(0.04 * 0.5, 2, 32), (0.04 * 0.25, 2, 32)]
 
 
 # --------------------------------------------------------------------------- FedFTG
