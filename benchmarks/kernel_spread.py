@@ -14,9 +14,11 @@ Two modes::
     python benchmarks/kernel_spread.py run --levels native,avx2,sse41 -- \\
         osfl run --no-progress --out {out} cache_dir=null
 
-    # the documented blocks: scripts/check_docs.py under each level, every
-    # number that moved against the docs (the docs' tolerances come from this)
-    python benchmarks/kernel_spread.py docs --levels avx2,sse41 README.md -k default
+    # the documented blocks: each block's command under each level, every
+    # documented decimal's value there, merged into FILE under this machine's
+    # fingerprint (the docs' tolerances come from these: benchmarks/doc_tolerances.py)
+    python benchmarks/kernel_spread.py docs --levels native,avx2,sse41 \\
+        --json reproduction/kernel_spread_docs.json README.md docs/methods/kd.md
 
 ``--json FILE`` keeps the per-level values (``reproduction/kernel_spread_*.json``).
 """
@@ -24,9 +26,9 @@ Two modes::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -46,6 +48,12 @@ LEVELS: dict[str, dict[str, str]] = {
     "avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"},
     "sse41": {"ONEDNN_MAX_CPU_ISA": "SSE41", "ATEN_CPU_CAPABILITY": "default"},
     "mkl-compatible": {"MKL_CBWR": "COMPATIBLE"},
+    # OSFL_CPU_KERNELS=portable (convolutions off oneDNN, ATen at AVX2) under
+    # each MKL branch that matters for it: COMPATIBLE (portable's own since
+    # issue 55), AVX2 (portable's before it: Intel-only, so AMD ran AUTO) and AUTO
+    "portable": {"OSFL_CPU_KERNELS": "portable", "MKL_CBWR": "COMPATIBLE"},
+    "portable-avx2": {"OSFL_CPU_KERNELS": "portable", "MKL_CBWR": "AVX2"},
+    "portable-auto": {"OSFL_CPU_KERNELS": "portable", "MKL_CBWR": "AUTO"},
 }
 
 
@@ -99,20 +107,62 @@ def spread_table(found: dict[str, dict[str, list[float]]]) -> str:
     return "\n".join(lines)
 
 
-_MOVE = re.compile(r"^\s+(.*): (\S+) -> (\S+)$")
+def _check_docs():
+    """scripts/check_docs.py as a module (a script, not a package)."""
+    spec = importlib.util.spec_from_file_location("check_docs", ROOT / "scripts" / "check_docs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["check_docs"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
-def docs_mode(levels: list[str], files: list[str], keyword: str | None) -> dict[str, list[str]]:
-    """Every documented number that moved, per level (scripts/check_docs.py
-    with a tolerance wide enough to print them all)."""
-    found = {}
+_FINGERPRINT = (
+    "from osfl.fl.fingerprint import cpu_fingerprint, fingerprint_id; "
+    "print(fingerprint_id(cpu_fingerprint()))"
+)
+
+
+def docs_mode(
+    levels: list[str], files: list[str], keyword: str | None
+) -> dict[str, dict[str, dict[str, list[str]]]]:
+    """``block → "MACHINE level" → row → decimals``: each marked block's
+    command run under each level (its environment is the commands'), every
+    documented row's decimals as it printed them (``check_docs.row_values``),
+    keyed by the machine (its fingerprint on the native path) and the level."""
+    check = _check_docs()
+    found: dict[str, dict[str, dict[str, list[str]]]] = {}
+    saved = dict(os.environ)
+    fp = subprocess.run([sys.executable, "-c", _FINGERPRINT], env=_env("native"),
+                        capture_output=True, text=True, check=True).stdout.split()[-1]  # fmt: skip
     for level in levels:
-        argv = [sys.executable, "scripts/check_docs.py", *files, "--tolerance", "1000"]
-        argv += ["-k", keyword] if keyword else []
-        proc = subprocess.run(argv, env=_env(level), cwd=ROOT, capture_output=True, text=True)
-        found[level] = [line.strip() for line in proc.stdout.splitlines() if _MOVE.match(line)]
-        print(f"## {level} (exit {proc.returncode})\n{proc.stdout}", flush=True)
+        env = _env(level)
+        os.environ.clear()
+        os.environ.update(env)
+        try:
+            for name in files:
+                path = (ROOT / name).resolve()
+                lines = path.read_text().splitlines()
+                for block in check.blocks(path):
+                    if keyword and keyword not in block.command:
+                        continue
+                    documented = "\n".join(lines[block.start : block.end])
+                    values = check.row_values(documented, check.run(block))
+                    found.setdefault(f"{name}: {block.command}", {})[f"{fp} {level}"] = values
+                    print(f"{fp} {level} {name}: {block.command[:50]}: {values}", flush=True)
+        finally:
+            os.environ.clear()
+            os.environ.update(saved)
     return found
+
+
+def merge_docs(path: Path, found: dict[str, dict[str, dict[str, list[str]]]]) -> dict:
+    """``found`` merged into the JSON at ``path`` (its ``blocks.*.values``;
+    a path measured again replaces the earlier values)."""
+    doc = json.loads(path.read_text()) if path.exists() else {"blocks": {}}
+    for block, paths in found.items():
+        doc["blocks"].setdefault(block, {}).setdefault("values", {}).update(paths)
+    return doc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -132,13 +182,10 @@ def main(argv: list[str] | None = None) -> int:
         print(spread_table(found))
         result = {"command": " ".join(rest), "levels": LEVELS, "accuracy": found}
     else:
-        result = {
-            "files": rest,
-            "keyword": args.keyword,
-            "moved": docs_mode(levels, rest, args.keyword),
-        }
+        found = docs_mode(levels, rest, args.keyword)
+        result = merge_docs(Path(args.json), found) if args.json else found
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
     return 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -13,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save
 
 from osfl import assembly
 from osfl.cli import main
 from osfl.config import load_config
 from osfl.errors import ConfigError, DataError
-from osfl.fl.state_codec import state_from_bytes
+from osfl.fl.state_codec import state_from_bytes, state_to_bytes
 from osfl.kept_model import (
     CARD_FILE,
     MODEL_FILE,
@@ -154,14 +155,14 @@ def test_a_damaged_or_missing_state_is_named_and_never_loaded(copy: Path) -> Non
     with pytest.raises(DataError, match=r"state\.safetensors is damaged \(its sha256 differs"):
         evaluate_run(copy, method="fedavg")
     state.unlink()
-    with pytest.raises(DataError, match=r"state\.safetensors cannot be read \(No such file"):
+    with pytest.raises(DataError, match=r"state\.safetensors does not exist"):
         evaluate_run(copy, method="fedavg")
 
 
 def test_a_damaged_card_is_refused(copy: Path) -> None:
     path = copy / "models" / "ensemble-seed0" / CARD_FILE
     path.write_text("{not json")
-    with pytest.raises(DataError, match=r"card\.json is damaged \(not JSON"):
+    with pytest.raises(DataError, match=r"card\.json is not valid JSON"):
         evaluate_run(copy)
     path.write_text(json.dumps({**card(copy, "fedavg-seed0"), "seed": "zero"}))
     with pytest.raises(DataError, match=r"field 'seed' missing or of the wrong type"):
@@ -230,3 +231,184 @@ def test_each_grid_point_keeps_its_model(tmp_path: Path) -> None:
     want = {r["point"]: r["global_test_accuracy"] for r in records(out)}
     assert {r.point: r.accuracy for r in rows} == want
     assert all(r.equal for r in rows) and len(want) == 2
+
+
+# --------------------------------------------------------------------------- issue 51
+def _reseal(folder: Path, name: str, blob: bytes, **card_fields) -> None:
+    """Write ``blob`` as ``name`` with a card that vouches for it (new digest
+    and size): what a forger who edits the weights does."""
+    (folder / name).write_bytes(blob)
+    c = json.loads((folder / CARD_FILE).read_text())
+    c["files"][name] = hashlib.sha256(blob).hexdigest()
+    c["sizes"][name] = len(blob)
+    c.update(card_fields)
+    (folder / CARD_FILE).write_text(json.dumps(c))
+
+
+def test_every_file_of_a_kept_model_is_verified(copy: Path) -> None:
+    """The weights file was never checked: a truncated, flipped, deleted or
+    resealed ``model.safetensors`` still gave "equal: yes"."""
+    folder = copy / "models" / "fedavg-seed0"
+    blob = (folder / MODEL_FILE).read_bytes()
+    cases = [
+        (blob[: len(blob) // 2], r"model\.safetensors is damaged \(\d+ bytes, the card says"),
+        (blob[:-1] + bytes([blob[-1] ^ 1]), r"model\.safetensors is damaged \(its sha256"),
+    ]
+    for bad, says in cases:
+        (folder / MODEL_FILE).write_bytes(bad)
+        with pytest.raises(DataError, match=says):
+            evaluate_run(copy, method="fedavg")
+    (folder / MODEL_FILE).unlink()
+    with pytest.raises(DataError, match=r"model\.safetensors does not exist"):
+        evaluate_run(copy, method="fedavg")
+
+
+def test_resealed_weights_are_not_the_model_the_state_rebuilds(copy: Path) -> None:
+    folder = copy / "models" / "fedavg-seed0"
+    weights = load_file(folder / MODEL_FILE)
+    largest = max(weights, key=lambda k: weights[k].numel())
+    weights[largest] = torch.zeros_like(weights[largest])
+    _reseal(folder, MODEL_FILE, save(weights))
+    with pytest.raises(DataError, match=r"model\.safetensors holds other weights than the model"):
+        evaluate_run(copy, method="fedavg")
+
+
+def test_a_resealed_state_and_card_still_disagree_with_metrics_json(copy: Path, capsys) -> None:
+    """The issue's forgery: the largest weight zeroed, state, weights and card
+    resealed with the new accuracy. The card agrees with the model; the
+    record does not, and the command exits 1 saying so."""
+    folder = copy / "models" / "fedavg-seed0"
+    state = state_from_bytes((folder / STATE_FILE).read_bytes())
+    largest = max(state, key=lambda k: state[k].numel())
+    state[largest] = torch.zeros_like(state[largest])
+    _reseal(folder, STATE_FILE, state_to_bytes(state))
+    weights = load_file(folder / MODEL_FILE)  # the predictor's: the model under "model."
+    weights[f"model.{largest}"] = torch.zeros_like(weights[f"model.{largest}"])
+    _reseal(folder, MODEL_FILE, save(weights))
+    (now,) = evaluate_run(copy, method="fedavg", device="cpu")
+    _reseal(folder, MODEL_FILE, save(weights), accuracy=now.accuracy)
+    (row,) = evaluate_run(copy, method="fedavg")
+    recorded = {r["method"]: r for r in records(copy)}["fedavg"]["global_test_accuracy"]
+    assert row.accuracy == row.card_accuracy != row.record_accuracy == recorded
+    assert not row.equal
+    assert row.problems == (
+        "the card's accuracy differs from metrics.json's",
+        "the accuracy now differs from metrics.json's",
+    )
+    capsys.readouterr()
+    assert main(["eval", str(copy), "--method", "fedavg"]) == 1
+    out = capsys.readouterr().out
+    assert "fedavg seed 0 differs: the card's accuracy differs from metrics.json's" in out
+    assert [line.split()[-2] for line in out.splitlines() if "│ fedavg" in line] == ["no"]
+
+
+def test_nothing_outside_the_run_directory_is_followed(copy: Path, run: Path) -> None:
+    models = copy / "models"
+    shutil.rmtree(models)
+    models.symlink_to(run / "models")  # another run's models
+    with pytest.raises(DataError, match=r"models is a symbolic link: refusing to follow it"):
+        evaluate_run(copy)
+    models.unlink()
+    models.mkdir()
+    (models / "fedavg-seed0").symlink_to(run / "models" / "fedavg-seed0")
+    with pytest.raises(DataError, match="is a symbolic link: a kept model must be the run's own"):
+        evaluate_run(copy)
+    (models / "fedavg-seed0").unlink()
+    shutil.copytree(run / "models" / "fedavg-seed0", models / "fedavg-seed0")
+    state = models / "fedavg-seed0" / STATE_FILE
+    state.unlink()
+    state.symlink_to("/dev/zero")  # was a MemoryError
+    with pytest.raises(DataError, match=r"state\.safetensors is a symbolic link"):
+        evaluate_run(copy)
+    state.unlink()
+    os.mkfifo(state)
+    with pytest.raises(DataError, match=r"state\.safetensors is a FIFO \(named pipe\)"):
+        evaluate_run(copy)
+
+
+def test_a_card_cannot_choose_the_task_or_claim_another_model(copy: Path) -> None:
+    """A card's ``sweep`` was applied as config overrides, so a card could set
+    ``data.source``; now it can only name one of config.yaml's grid points."""
+    path = copy / "models" / "fedavg-seed0" / CARD_FILE
+    good = json.loads(path.read_text())
+    path.write_text(json.dumps({**good, "sweep": {"data.source": "imagefolder:/etc"}}))
+    with pytest.raises(DataError, match=r"names grid point 'data\.source=imagefolder:/etc', which"):
+        evaluate_run(copy, method="fedavg")
+    path.write_text(json.dumps({**good, "files": {**good["files"], "../../x": "0" * 64}}))
+    with pytest.raises(DataError, match=r"files must be state\.safetensors"):
+        evaluate_run(copy, method="fedavg")
+    path.write_text(json.dumps(good))
+    shutil.copytree(copy / "models" / "fedavg-seed0", copy / "models" / "fedavg-seed0-copy")
+    with pytest.raises(DataError, match="both claim fedavg seed 0"):
+        evaluate_run(copy)
+    shutil.rmtree(copy / "models" / "fedavg-seed0-copy")
+    doc = json.loads((copy / "metrics.json").read_text())
+    doc["records"] = [r for r in doc["records"] if r["method"] != "fedavg"]
+    (copy / "metrics.json").write_text(json.dumps(doc))
+    with pytest.raises(DataError, match=r"metrics\.json holds no record of fedavg seed 0"):
+        evaluate_run(copy, method="fedavg")
+
+
+def _named_folder(run: Path, root: Path, names: list[str] | None, layout: str) -> Path:
+    """The run's test images as an image folder: ``test/<class>/`` alone
+    (``layout="test"``) or ``<class>/`` (``""``), classes named ``names``."""
+    cfg = load_config(run / "config.yaml")
+    test = assembly.load_splits(cfg).test
+    for i, (img, y) in enumerate(zip(test.images, test.labels, strict=True)):
+        d = root / layout / (names[int(y)] if names else str(int(y)))
+        d.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(img[0].numpy(), mode="L").save(d / f"{i:04d}.png")
+    return root
+
+
+def test_a_test_only_folder_is_scored_in_full(run: Path, tmp_path: Path) -> None:
+    """Issue 52: ``test/<class>/`` alone was read as a domain "test" and
+    split 80/20, so 90 of 451 images were scored without a word."""
+    folder = _named_folder(run, tmp_path / "t", None, "test")
+    (row,) = evaluate_run(run, f"imagefolder:{folder}", method="fedavg")
+    assert row.test_samples == 451 and row.accuracy == row.card_accuracy
+    assert row.data_note == f"imagefolder:{folder} holds only test/: scored all 451 of its images"
+    assert not row.compared and not row.problems  # other files: nothing to hold it to
+
+
+def test_a_split_eval_makes_is_said_and_all_scores_everything(run: Path, tmp_path: Path) -> None:
+    folder = _named_folder(run, tmp_path / "c", None, "")
+    (row,) = evaluate_run(run, f"imagefolder:{folder}", method="fedavg")
+    assert row.test_samples == 90 < 451
+    assert row.data_note == (
+        f"scored the test part of imagefolder:{folder}: 90 of its 451 images (--all scores all 451)"
+    )
+    (whole,) = evaluate_run(run, f"imagefolder:{folder}", method="fedavg", everything=True)
+    assert (whole.test_samples, whole.accuracy) == (451, whole.card_accuracy)
+    with pytest.raises(ConfigError, match="--all scores every image of --data SPEC"):
+        evaluate_run(run, everything=True)
+
+
+def test_class_names_are_compared_not_only_their_count(run: Path, tmp_path: Path) -> None:
+    """Right count, other names: it scored 1.33 % without a word."""
+    letters = [chr(ord("a") + i) for i in range(10)]
+    folder = _named_folder(run, tmp_path / "n", letters, "test")
+    with pytest.raises(DataError, match=r"has other classes than the run's: a, b, c \.\.\. not"):
+        evaluate_run(run, f"imagefolder:{folder}", method="fedavg")
+
+
+def test_the_same_names_in_another_order_are_relabelled() -> None:
+    """Labels are indices into each set's own class list: data whose folders
+    sort into another order than the run's labels is relabelled by name."""
+    from types import SimpleNamespace
+
+    from osfl.data.imageset import ImageSet
+    from osfl.kept_model import _as_run_classes
+
+    images = torch.zeros(3, 1, 4, 4, dtype=torch.uint8)
+    other = ImageSet(images, torch.tensor([0, 1, 1]), ("bee", "ant"))
+    run = SimpleNamespace(num_classes=2, classes=("ant", "bee"), image_shape=(1, 4, 4))
+    mapped = _as_run_classes(other, run, "x")
+    assert mapped.classes == ("ant", "bee") and mapped.labels.tolist() == [1, 0, 0]
+    assert _as_run_classes(mapped, run, "x") is mapped  # the run's order: untouched
+
+
+def test_new_cards_record_each_files_size(run: Path) -> None:
+    folder = run / "models" / "fedavg-seed0"
+    sizes = card(run, "fedavg-seed0")["sizes"]
+    assert sizes == {f: (folder / f).stat().st_size for f in (STATE_FILE, MODEL_FILE)}

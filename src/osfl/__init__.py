@@ -11,12 +11,16 @@ import os as _os
 
 __version__ = "0.1.0"
 
-#: ``OSFL_CPU_KERNELS=portable`` pins MKL's branch and ATen's capability to
-#: AVX2 here, before anything imports torch (both are read at torch's first
-#: op, not later), and :mod:`osfl.fl.fingerprint` takes convolutions off
-#: oneDNN, whose kernels follow the CPU: numbers that should not depend on
-#: the x86 CPU kind, at about 1.27x the default run's time (REPRODUCTION.md,
-#: "How to read the numbers"). Variables the user set are kept.
+#: ``OSFL_CPU_KERNELS=portable`` pins MKL's code branch to COMPATIBLE and
+#: ATen's capability to AVX2 here, before anything imports torch (both are
+#: read at torch's first op, not later), and :mod:`osfl.fl.fingerprint` takes
+#: convolutions off oneDNN, whose kernels follow the CPU. COMPATIBLE is the
+#: one MKL branch its documentation gives the same results on Intel and
+#: Intel-compatible (AMD) CPUs; MKL ignores the AVX2 branch (portable's pin
+#: before issue 55) on a non-Intel CPU and runs its AUTO branch there
+#: instead. REPRODUCTION.md ("How much the machine moves a number") has the
+#: digits it gives and how far that was checked. Variables the user set are
+#: kept.
 if _os.environ.get("OSFL_CPU_KERNELS") == "portable":
-    _os.environ.setdefault("MKL_CBWR", "AVX2")
+    _os.environ.setdefault("MKL_CBWR", "COMPATIBLE")
     _os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")

@@ -30,6 +30,7 @@ from osfl.config import (
     method_train_config,
     to_yaml,
 )
+from osfl.config.loading import default_partitions
 from osfl.data.classes import keep_classes
 from osfl.data.federation import Federation
 from osfl.data.imageset import DataSplits, ImageSet
@@ -78,12 +79,19 @@ def _flower_loopback(cfg: ExperimentConfig) -> Runtime:
 
 @RUNTIMES.register("flower_engine")
 def _flower_engine(cfg: ExperimentConfig) -> Runtime:
-    """Flower's simulation engine (Ray actors build their jobs from the config's YAML)."""
+    """Flower's simulation engine (Ray actors build their jobs from the config's
+    YAML), on the Ray cluster and with the waits of ``flower_engine.*``."""
     # optional: flwr, only for runtime=flower_engine
     from osfl.flower.engine import FlowerEngineRuntime
     from osfl.flower.spec import JobSpec  # optional: flwr, as above
 
-    return FlowerEngineRuntime(job_from_spec, JobSpec(experiment=to_yaml(cfg)))
+    engine = cfg.flower_engine
+    spec = JobSpec(
+        experiment=to_yaml(cfg),
+        node_timeout=float(engine.node_timeout),
+        round_timeout=float(engine.round_timeout),
+    )
+    return FlowerEngineRuntime(job_from_spec, spec, ray_address=engine.ray_address)
 
 
 #: The runtimes that pin ``threads_per_client`` torch threads for their clients
@@ -216,7 +224,10 @@ def build_federation(cfg: ExperimentConfig, train: ImageSet, seed: int) -> Feder
     cached as JSON under ``cache_dir`` when one is set."""
     p = cfg.partition
     if p.from_file is not None:  # a saved split, the same for every seed
-        return load_saved_split(p.from_file, train.labels, train.domains, p.num_clients)
+        asked, defaults = dataclasses.asdict(p), default_partitions()
+        return load_saved_split(
+            p.from_file, train.labels, train.domains, p.num_clients, asked=asked, defaults=defaults
+        )
     return make_federation(
         train.labels,
         p.scheme,

@@ -15,10 +15,13 @@ every job whose server has a predictor keeps, in ``models/<slug>/``:
   version and commit, and the sha256 of both files (a damaged file is named,
   never loaded).
 
-:func:`evaluate_run` rebuilds each kept model's task from the run's
-``config.yaml`` through :mod:`osfl.assembly` (the very functions the run used;
-nothing trains) and scores it on the run's test split or another data
-spec's. On the machine that ran it the accuracy equals the card's exactly.
+:func:`evaluate_run` checks each kept model's files, card, record and grid
+point first (:mod:`osfl.kept_files`: nothing outside the run directory is
+followed, every file matches the card, the card matches ``metrics.json``),
+rebuilds its task from the run's ``config.yaml`` through :mod:`osfl.assembly`
+(the very functions the run used; nothing trains) and scores it on the run's
+test split or another data spec's. On the machine that ran it the accuracy
+equals the card's and the record's exactly; any difference is reported.
 """
 
 from __future__ import annotations
@@ -38,21 +41,47 @@ from safetensors.torch import save
 
 from osfl import __version__, assembly, jsonio
 from osfl.code_version import code_version
-from osfl.config import ExperimentConfig, load_config, to_dict
+from osfl.config import ExperimentConfig, load_config_text, to_dict
+from osfl.data.imageset import ImageSet
+from osfl.data.sources.imagefolder import test_only_folder
 from osfl.errors import ConfigError, DataError
 from osfl.fl.fingerprint import cpu_fingerprint, fingerprint_id
 from osfl.fl.runtime.base import Job, RunResult
-from osfl.fl.state_codec import state_from_bytes, state_to_bytes
+from osfl.fl.state_codec import state_to_bytes
+from osfl.interrupts import atomic_section
+from osfl.kept_files import (
+    CARD_FILE,
+    CARD_FORMAT,
+    CARD_VERSION,
+    MAX_CONFIG_BYTES,
+    MODEL_FILE,
+    MODELS_DIR,
+    STATE_FILE,
+    KeptModel,
+    duplicates,
+    grid_point,
+    model_folders,
+    read_card,
+    record_of,
+    records_of,
+    run_file,
+)
 from osfl.record import RunRecord
 
-#: The run directory's folder of kept models, one sub-folder per job.
-MODELS_DIR = "models"
-STATE_FILE = "state.safetensors"
-MODEL_FILE = "model.safetensors"
-CARD_FILE = "card.json"
-#: What a card says it is, and its layout's version.
-CARD_FORMAT = "osfl-kept-model"
-CARD_VERSION = 1
+__all__ = [
+    "CARD_FILE",
+    "MODELS_DIR",
+    "MODEL_FILE",
+    "STATE_FILE",
+    "KeptModel",
+    "Rescored",
+    "config_sha256",
+    "evaluate_run",
+    "keep_model",
+    "kept_models",
+]
+
+
 #: Config keys that change where or how fast a run goes, or what else it ran,
 #: never the model of one method × seed: left out of ``config_sha256``.
 NOT_HASHED = ("name", "methods", "seeds", "sweep", "progress", "out_dir", "cache_dir")
@@ -108,97 +137,39 @@ def keep_model(
         "osfl_version": __version__,
         "code": code_version(),
         "files": {name: hashlib.sha256(blob).hexdigest() for name, blob in blobs.items()},
+        "sizes": {name: len(blob) for name, blob in blobs.items()},
     }
     tmp = where.with_name(f".{where.name}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    for name, blob in blobs.items():
-        (tmp / name).write_bytes(blob)
-    (tmp / CARD_FILE).write_text(jsonio.dumps(card, indent=2) + "\n", encoding="utf-8")
-    shutil.rmtree(where, ignore_errors=True)
-    os.replace(tmp, where)
+    with atomic_section():  # Ctrl-C waits: the folder is the old one or the new one
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        for name, blob in blobs.items():
+            (tmp / name).write_bytes(blob)
+        (tmp / CARD_FILE).write_text(jsonio.dumps(card, indent=2) + "\n", encoding="utf-8")
+        shutil.rmtree(where, ignore_errors=True)
+        os.replace(tmp, where)
     return where
-
-
-@dataclass(frozen=True)
-class KeptModel:
-    """One kept model: its folder and its card."""
-
-    path: Path
-    card: dict[str, Any]
-
-    @property
-    def method(self) -> str:
-        return str(self.card["method"])
-
-    @property
-    def seed(self) -> int:
-        return int(self.card["seed"])
-
-    def state(self) -> Any:
-        """The final server state, checked against the card's sha256 first."""
-        return state_from_bytes(self._checked(STATE_FILE))
-
-    def _checked(self, name: str) -> bytes:
-        path = self.path / name
-        try:
-            blob = path.read_bytes()
-        except OSError as e:
-            raise DataError(f"{path} cannot be read ({e.strerror}); re-run the job") from e
-        if hashlib.sha256(blob).hexdigest() != self.card["files"].get(name):
-            raise DataError(f"{path} is damaged (its sha256 differs from the card's)")
-        return blob
-
-
-#: A card's fields and the types they must have (a damaged card is refused).
-_CARD_FIELDS: dict[str, type | tuple[type, ...]] = {
-    "method": str,
-    "seed": int,
-    "point": str,
-    "sweep": dict,
-    "config_sha256": str,
-    "accuracy": (float, int, type(None)),
-    "scored_at": str,
-    "files": dict,
-}
-
-
-def _read_card(folder: Path) -> KeptModel:
-    path = folder / CARD_FILE
-    try:
-        card = jsonio.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise DataError(f"{path} cannot be read ({e.strerror}); re-run the job") from e
-    except ValueError as e:
-        raise DataError(f"{path} is damaged (not JSON: {e})") from e
-    if not isinstance(card, dict) or card.get("format") != CARD_FORMAT:
-        raise DataError(f"{path} is not an osfl model card")
-    if card.get("version") != CARD_VERSION:
-        raise DataError(f"{path} has card version {card.get('version')!r}; this osfl reads 1")
-    for key, kind in _CARD_FIELDS.items():
-        if not isinstance(card.get(key), kind) or isinstance(card.get(key), bool):
-            raise DataError(f"{path} is damaged (field {key!r} missing or of the wrong type)")
-    return KeptModel(folder, card)
 
 
 def kept_models(run_dir: str | Path, method: str | None = None) -> list[KeptModel]:
     """The kept models of ``run_dir`` (of ``method`` only, when given), in
-    folder order; a clear error when there are none to score."""
+    folder order, each card read and checked (:mod:`osfl.kept_files`); a
+    clear error when there are none to score."""
     root = Path(run_dir)
     if not (root / "config.yaml").is_file():
         raise DataError(
             f"{root} is not an osfl run directory (no config.yaml); pass the directory "
             "`osfl run` printed"
         )
-    folders = sorted(p for p in (root / MODELS_DIR).glob("*") if p.is_dir())
-    folders = [p for p in folders if not p.name.startswith(".")]  # an unfinished write
+    folders = model_folders(root)
     if not folders:
         raise DataError(
             f"{root} keeps no models ({MODELS_DIR}/ is missing or empty): a run made before "
             "osfl kept models, or whose methods have no server model (local), has none; "
             "re-run it with this osfl"
         )
-    found = [_read_card(p) for p in folders]
+    found = [read_card(p, root) for p in folders]
+    duplicates(found)
     if method is None:
         return found
     chosen = [k for k in found if k.method == method]
@@ -213,8 +184,11 @@ def kept_models(run_dir: str | Path, method: str | None = None) -> list[KeptMode
 
 @dataclass(frozen=True)
 class Rescored:
-    """One kept model scored again: what its card said and what it scores
-    now (``accuracy`` ``None``: skipped, ``note`` says why)."""
+    """One kept model scored again: what its card and its run's record said
+    and what it scores now (``accuracy`` ``None``: skipped, ``note`` says
+    why). ``compared``: scored on the run's own test images (the content
+    hash its record holds), so that the three accuracies must agree;
+    ``problems``: every way they, or the model's files, disagree."""
 
     method: str
     seed: int
@@ -225,30 +199,51 @@ class Rescored:
     same_config: bool
     same_cpu: bool
     note: str = ""
+    record_accuracy: float | None = None
+    compared: bool = True
+    problems: tuple[str, ...] = ()
+    data_note: str = ""
 
     @property
     def equal(self) -> bool:
-        """Whether the accuracy now is exactly the card's."""
-        return self.accuracy is not None and self.accuracy == self.card_accuracy
+        """Whether the accuracy now is exactly the card's and the record's,
+        on the run's own test images, with nothing else amiss."""
+        return self.accuracy is not None and self.compared and not self.problems
+
+
+@dataclass(frozen=True)
+class _TestData:
+    """The images a model is scored on, and the line that says what they are."""
+
+    images: ImageSet
+    note: str = ""
 
 
 class _Tasks:
-    """The run's tasks rebuilt from its ``config.yaml``, each loaded once:
-    the config of a grid point, its data, a seed's context."""
+    """The run's tasks rebuilt from its ``config.yaml`` (read once, from
+    inside the run directory), each loaded once: the config of a grid point,
+    its data, a seed's context, the test data."""
 
-    def __init__(self, root: Path, data: str | None, device: str | None):
-        self.root, self.data, self.device = root, data, device
+    def __init__(self, root: Path, data: str | None, device: str | None, everything: bool = False):
+        self.root, self.data, self.device, self.everything = root, data, device, everything
+        self.text = run_file(root, "config.yaml", max_bytes=MAX_CONFIG_BYTES)
+        self.stored = self._load([])
         self._splits: dict[str, Any] = {}
         self._ctx: dict[tuple[str, int], assembly.SeedContext] = {}
+        self._test: dict[tuple[str, str], _TestData] = {}
 
-    def config(self, sweep: Mapping[str, Any]) -> tuple[ExperimentConfig, str]:
-        """A grid point's config (on ``device`` when given) and the
-        :func:`config_sha256` of the config the run resolved it to."""
-        overrides = [f"{k}={v}" for k, v in sweep.items()]
+    def _load(self, overrides: list[str]) -> ExperimentConfig:
         try:
-            cfg = assembly.resolve_parallel(load_config(self.root / "config.yaml", overrides))
+            return assembly.resolve_parallel(load_config_text(self.text, overrides))
         except ConfigError as e:
             raise ConfigError(f"{self.root}/config.yaml does not load ({e})") from e
+
+    def config(self, kept: KeptModel) -> tuple[ExperimentConfig, str]:
+        """The config of ``kept``'s grid point (the run's own point, which its
+        card only names; on ``device`` when given) and the
+        :func:`config_sha256` of the config the run resolved it to."""
+        point = grid_point(self.stored, kept)
+        cfg = self._load([f"{k}={v}" for k, v in point.items()])
         sha = config_sha256(cfg)
         if self.device is not None:
             cfg = dataclasses.replace(cfg, device=self.device)
@@ -266,34 +261,94 @@ class _Tasks:
             self._ctx[key] = assembly.seed_context(cfg, self.splits(cfg), seed)
         return self._ctx[key]
 
-    def test_set(self, cfg: ExperimentConfig, ctx: assembly.SeedContext) -> Any:
-        """The run's test split, or the ``data`` spec's, loaded at the run's
-        image size and channels with the run's other data options (its
-        source's own options only when the source is the same); a class count
-        other than the run's is one clear error."""
+    def test_set(self, cfg: ExperimentConfig, ctx: assembly.SeedContext) -> _TestData:
+        """The run's test split, or the ``data`` spec's images (:func:`_other_data`)."""
         if self.data is None:
-            return ctx.splits.test  # type: ignore[union-attr]
-        run = ctx.run
-        same_source = self.data.partition(":")[0] == cfg.data.source.partition(":")[0]
-        other = dataclasses.replace(
-            cfg.data,
-            source=self.data,
-            options=cfg.data.options if same_source else {},
-            channels=run.image_shape[0],
-            image_size=run.image_shape[1],
+            return _TestData(ctx.splits.test)  # type: ignore[union-attr]
+        key = (repr(cfg.data), repr(ctx.run.classes))
+        if key not in self._test:
+            self._test[key] = _other_data(self, cfg, ctx)
+        return self._test[key]
+
+
+def _other_data(tasks: _Tasks, cfg: ExperimentConfig, ctx: assembly.SeedContext) -> _TestData:
+    """The images of ``--data SPEC`` a model is scored on, at the run's image
+    size and channels, with the run's class names in the run's label order.
+
+    Its test split, unless the spec names an image folder holding only
+    ``test/`` (all of its images: issue 52, a test folder is the user's test
+    data) or ``--all`` asks for every image (train and test parts). The run's
+    other data options apply only to the run's own spec: a per-class cap or
+    a validation share must not shrink a user's data in silence. What was
+    scored is said in one line, with the count of what was not."""
+    spec, run = str(tasks.data), ctx.run
+    only_test = test_only_folder(spec)
+    source = f"imagefolder:{only_test}" if only_test is not None else spec
+    same = source.strip() == cfg.data.source.strip()
+    other = dataclasses.replace(
+        cfg.data,
+        source=source,
+        options=cfg.data.options if same else {},
+        max_per_class=cfg.data.max_per_class if same else None,
+        validation_fraction=cfg.data.validation_fraction if same else 0.0,
+        channels=run.image_shape[0],
+        image_size=run.image_shape[1],
+    )
+    splits = tasks.splits(dataclasses.replace(cfg, data=other))
+    parts = [p for p in (splits.train, splits.validation, splits.test) if p is not None]
+    total = sum(len(p) for p in parts)
+    if only_test is not None or tasks.everything:
+        test = _joined(parts)
+        what = "holds only test/: scored all" if only_test is not None else "--all: scored all"
+        note = (
+            f"{spec} {what} {total} of its images"
+            if only_test
+            else f"{what} {total} images of {spec}"
         )
-        test = self.splits(dataclasses.replace(cfg, data=other)).test
-        if test.num_classes != run.num_classes:
-            raise DataError(
-                f"--data {self.data} has {test.num_classes} classes; the run's models score "
-                f"{run.num_classes} ({', '.join(run.classes)})"
-            )
-        if tuple(test.image_shape) != tuple(run.image_shape):
-            raise DataError(
-                f"--data {self.data} gives images of shape {tuple(test.image_shape)}; the run's "
-                f"models take {tuple(run.image_shape)}"
-            )
-        return test
+    else:
+        test = splits.test
+        note = f"scored the test part of {spec}: {len(test)} of its {total} images" + (
+            f" (--all scores all {total})" if len(test) < total else ""
+        )
+    return _TestData(_as_run_classes(test, run, spec), note)
+
+
+def _joined(parts: list[ImageSet]) -> ImageSet:
+    """One ImageSet of ``parts`` (one source's splits: same classes and shape)."""
+    first = parts[0]
+    return ImageSet(
+        images=torch.cat([p.images for p in parts]),
+        labels=torch.cat([p.labels for p in parts]),
+        classes=first.classes,
+        name=first.name,
+    )
+
+
+def _as_run_classes(test: ImageSet, run: Any, spec: str) -> ImageSet:
+    """``test`` labelled in the run's class order; other class names (not
+    only another count) are one clear error: a model scored on classes it
+    never learnt scores chance without a word."""
+    if test.num_classes != run.num_classes:
+        raise DataError(
+            f"--data {spec} has {test.num_classes} classes; the run's models score "
+            f"{run.num_classes} ({', '.join(run.classes)})"
+        )
+    if sorted(test.classes) != sorted(run.classes):
+        extra = [c for c in test.classes if c not in run.classes]
+        raise DataError(
+            f"--data {spec} has other classes than the run's: {', '.join(extra[:3])}"
+            f"{' ...' if len(extra) > 3 else ''} not among the run's "
+            f"({', '.join(run.classes)}); name its class folders as the run's classes"
+        )
+    if tuple(test.classes) != tuple(run.classes):
+        order = torch.tensor([list(run.classes).index(c) for c in test.classes])
+        test = ImageSet(test.images, order[test.labels], tuple(run.classes), name=test.name)
+    if tuple(test.image_shape) != tuple(run.image_shape):
+        raise DataError(
+            f"--data {spec} gives images of shape {tuple(test.image_shape)}; the run's "
+            f"models take {tuple(run.image_shape)}"
+        )
+    return test
 
 
 def evaluate_run(
@@ -302,46 +357,90 @@ def evaluate_run(
     *,
     method: str | None = None,
     device: str | None = None,
+    everything: bool = False,
 ) -> list[Rescored]:
     """Score every kept model of ``run_dir`` again (of ``method`` only, when
-    given) on the run's test split, or on the test split of the data spec
-    ``data`` (``digits``, ``imagefolder:<dir>``, ...; the run's image size and
-    normalisation). ``device`` overrides the config's. Nothing trains and
-    nothing in ``run_dir`` is written. A model the sites scored (real sites:
-    the server holds no test set) is skipped with a note."""
+    given) on the run's test split, or on the data spec ``data``
+    (``digits``, ``imagefolder:<dir>``, ...; its test split, a folder of
+    ``test/`` alone in full, every image with ``everything``; the run's image
+    size and normalisation). ``device`` overrides the config's. Each model's
+    files, card and record are checked first (:mod:`osfl.kept_files`).
+    Nothing trains and nothing in ``run_dir`` is written. A model the sites
+    scored (real sites: the server holds no test set) is skipped with a note."""
     root = Path(run_dir)
     if device is not None:
         try:
             assembly.resolve_device(device)
         except RuntimeError as e:  # torch's own words for a name it cannot parse
             raise ConfigError(f"--device {device!r}: {str(e).splitlines()[0]}") from None
-    tasks = _Tasks(root, data, device)
+    if everything and data is None:
+        raise ConfigError(
+            "--all scores every image of --data SPEC; give --data (the run's own train "
+            "images are what its clients trained on)"
+        )
+    models = kept_models(root, method)
+    records = records_of(root)
+    tasks = _Tasks(root, data, device, everything)
     here = fingerprint_id(cpu_fingerprint())
     out = []
-    for kept in kept_models(root, method):
-        card = kept.card
-        same_cpu = card.get("cpu_fingerprint") == here
-        if card["scored_at"] != "server":
+    for kept in models:
+        record = record_of(records, kept)
+        if kept.card["scored_at"] != "server":
             out.append(_skipped(kept, "scored at the sites: the server holds no test set"))
             continue
-        cfg, sha = tasks.config(card["sweep"])
-        ctx = tasks.context(cfg, kept.seed)
-        job = assembly.build_job(cfg, kept.method, ctx)
-        predictor = _predictor(job, kept)
-        test = tasks.test_set(cfg, ctx)
-        scores = assembly.test_evaluator(test, job.run)(predictor)
-        out.append(
-            Rescored(
-                kept.method,
-                kept.seed,
-                card["point"],
-                card["accuracy"],
-                float(scores["global_test_accuracy"]),
-                int(scores["num_samples"]),
-                same_config=sha == card["config_sha256"],
-                same_cpu=same_cpu,
-            )
-        )
+        out.append(_rescore(tasks, kept, record, here))
+    return out
+
+
+def _rescore(tasks: _Tasks, kept: KeptModel, record: RunRecord, here: str) -> Rescored:
+    """Score one verified model and compare it with its card and record."""
+    card = kept.card
+    cfg, sha = tasks.config(kept)
+    ctx = tasks.context(cfg, kept.seed)
+    job = assembly.build_job(cfg, kept.method, ctx)
+    predictor = _predictor(job, kept)
+    kept.check_weights(predictor)
+    test = tasks.test_set(cfg, ctx)
+    scores = assembly.test_evaluator(test.images, job.run)(predictor)
+    accuracy = float(scores["global_test_accuracy"])
+    recorded = record.get("global_test_accuracy")
+    prov = record.get("provenance") or {}
+    held = (prov.get("data") or {}).get("test") if isinstance(prov, Mapping) else None
+    compared = tasks.data is None or test.images.fingerprint() == held
+    problems = _differences(card, record, accuracy, int(scores["num_samples"]), compared)
+    if tasks.data is None and isinstance(held, str) and test.images.fingerprint() != held:
+        problems.append("the run's test images are not those its record was scored on")
+    return Rescored(
+        kept.method,
+        kept.seed,
+        card["point"],
+        card["accuracy"],
+        accuracy,
+        int(scores["num_samples"]),
+        same_config=sha == card["config_sha256"],
+        same_cpu=card.get("cpu_fingerprint") == here,
+        record_accuracy=recorded,
+        compared=compared,
+        problems=tuple(problems),
+        data_note=test.note,
+    )
+
+
+def _differences(
+    card: Mapping[str, Any], record: RunRecord, accuracy: float, samples: int, compared: bool
+) -> list[str]:
+    """How the card, the record and (on the run's own test images) the
+    accuracy now disagree, one phrase each."""
+    out = []
+    recorded = record.get("global_test_accuracy")
+    if card["accuracy"] != recorded:
+        out.append("the card's accuracy differs from metrics.json's")
+    if compared and accuracy != card["accuracy"]:
+        out.append("the accuracy now differs from the card's")
+    if compared and accuracy != recorded:
+        out.append("the accuracy now differs from metrics.json's")
+    if compared and record.get("num_samples") not in (None, samples):
+        out.append(f"{samples} test images, metrics.json says {record.get('num_samples')}")
     return out
 
 
@@ -355,7 +454,7 @@ def _predictor(job: Job, kept: KeptModel) -> Any:
         why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise DataError(
             f"{kept.path / STATE_FILE} does not fit the {kept.method} model the run's "
-            f"config.yaml builds now ({why})"
+            f"config.yaml builds now ({why[:200]})"
         ) from e
 
 

@@ -37,13 +37,14 @@ from osfl.config import (
     to_yaml,
 )
 from osfl.errors import ConfigError, DataError
-from osfl.experiment import Plan, execute_plan, plan_experiment
+from osfl.experiment import Plan, execute_plan, plan_experiment, run_context
 from osfl.fl.progress import Progress
 from osfl.privacy.audit import audit_markdown
 from osfl.record import RunRecord
 from osfl.rundir import RunDir
 from osfl.trackers import RunInfo, SummaryTable, TrackerGroup, check_installed, round_scalars
 from osfl.trackers.base import flatten
+from osfl.trackers.group import IDS_FILE, read_ids
 
 
 @dataclass
@@ -94,10 +95,11 @@ def _stored_config(out: Path) -> str:
         raise ConfigError(f"--resume {out}: its config.yaml does not load ({e})") from e
 
 
-#: Config keys that change only where a run is shown, never a number: a
-#: resume may differ in them (``osfl run --resume DIR --no-progress`` of a run
-#: started with bars, or with another ``logger``).
-DISPLAY_ONLY = ("progress", "logger")
+#: Config keys that change only where a run is shown or carried, never a
+#: number: a resume may differ in them (``osfl run --resume DIR --no-progress``
+#: of a run started with bars, with another ``logger``, or on another Ray
+#: cluster with longer waits: ``flower_engine``).
+DISPLAY_ONLY = ("progress", "logger", "flower_engine")
 
 
 def _with_display_of(cfg: ExperimentConfig, stored: str) -> str:
@@ -105,6 +107,10 @@ def _with_display_of(cfg: ExperimentConfig, stored: str) -> str:
     that comparing the two sees the experiment alone."""
     kept = yaml.safe_load(stored) or {}
     same = {k: kept[k] for k in DISPLAY_ONLY if k in kept}
+    for k, value in same.items():  # a section (flower_engine) back into its dataclass
+        section = getattr(cfg, k)
+        if dataclasses.is_dataclass(section) and isinstance(value, dict):
+            same[k] = dataclasses.replace(section, **value)
     return to_yaml(dataclasses.replace(cfg, **same))
 
 
@@ -130,12 +136,70 @@ def _show(value: Any) -> str:
 
 def _finished(out: Path) -> list[dict[str, Any]]:
     path = out / "metrics.json"
-    if not path.is_file():
+    if not path.exists() and not path.is_symlink():  # a FIFO or a device is read, and refused
         return []
     try:
         return list(report.read_metrics(path)["records"])
     except DataError as e:  # a damaged file is not resumed over
         raise DataError(f"{e}; cannot resume from it") from e
+
+
+def check_same_clients(
+    out: Path, done: Sequence[Mapping[str, Any]], plans: Sequence[tuple[Mapping[str, str], Plan]]
+) -> None:
+    """Refuse to resume ``out`` unless each finished record's clients are the
+    plan's: the same config text does not make the same clients when a file
+    it names (``partition.from_file``, an image folder) now holds other
+    content. Compared: the record's partition key (it covers every client's
+    indices) and the content hashes of its train and test sets
+    (``provenance.data``). A record without them (older osfl) is not
+    compared on them; a key from before the key covered the indices is
+    accepted for a split drawn from its recipe, which fixes the indices."""
+    now: dict[tuple[str, str, int], tuple[ExperimentConfig, Any]] = {}
+    for point, plan in plans:
+        for ctx, jobs in plan.seeds:
+            for job in jobs:
+                label = run_context(job.method.name, job.seed, point)["point"]
+                now[(label, job.method.name, job.seed)] = (plan.cfg, ctx)
+    for r in done:
+        where = record_key(r)
+        if where not in now:
+            continue
+        cfg, ctx = now[where]
+        what = f"{where[1]} seed {where[2]}" + (f" at {where[0]}" if where[0] else "")
+        why = _clients_differ(r, cfg, ctx)
+        if why is not None:
+            raise ConfigError(
+                f"--resume {out}: {why} than {what} trained on; restore what the run started "
+                "with, or start a new run"
+            )
+
+
+def _clients_differ(record: Mapping[str, Any], cfg: ExperimentConfig, ctx: Any) -> str | None:
+    """What of the plan's clients differs from ``record``'s (``None``: nothing)."""
+    fed = ctx.federation
+    part = record.get("partition")
+    stored = part.get("key") if isinstance(part, Mapping) else None
+    if fed is not None and isinstance(stored, str):
+        legacy = cfg.partition.from_file is None and stored == fed.recipe_key()
+        if stored != fed.key() and not legacy:
+            source = (
+                f"partition.from_file={cfg.partition.from_file} now holds another split"
+                if cfg.partition.from_file is not None
+                else "the clients' split is another now"
+            )
+            return f"{source} (partition key {fed.key()}, {stored} in metrics.json)"
+    prov = record.get("provenance")
+    data = prov.get("data") if isinstance(prov, Mapping) else None
+    if ctx.splits is not None and isinstance(data, Mapping):
+        for name in ("train", "test"):
+            held = getattr(ctx.splits, name).fingerprint()
+            if isinstance(data.get(name), str) and data[name] != held:
+                return (
+                    f"data.source={cfg.data.source} now holds other {name} images "
+                    f"(content hash {held}, {data[name]} in metrics.json)"
+                )
+    return None
 
 
 def plan_points(
@@ -178,6 +242,7 @@ def run(req: RunRequest, make_board: BoardFactory, announce: Announce = print) -
                 "overrides (or start a new run)"
             )
         done = _finished(out)
+        check_same_clients(out, done, plans)
     outcome = RunOutcome(base, out, records=list(done))
     skip = {record_key(r) for r in done}
     # what a reader needs to make the run again: the command and the code's commit
@@ -189,6 +254,8 @@ def run(req: RunRequest, make_board: BoardFactory, announce: Announce = print) -
     }
     t0 = time.perf_counter()
     trackers = TrackerGroup(base.logger)
+    if req.mode == "resume" and trackers.trackers:  # a damaged file stops before the run does
+        read_ids(out / IDS_FILE)
     with RunDir(out, mode=req.mode) as rd, progress, trackers:
         if req.mode != "resume":
             rd.write_text("config.yaml", f"# {req.command}\n" + config_text)
@@ -217,9 +284,9 @@ def run(req: RunRequest, make_board: BoardFactory, announce: Announce = print) -
                 round_scalars(last),
             )
 
-        for point, plan in plans:
-            if sweep_label(point):
-                announce(sweep_label(point))
+        for i, (point, plan) in enumerate(plans, 1):
+            if sweep_label(point):  # piped, a bare "partition.alpha=0.1" would say nothing
+                announce(f"grid point {i} of {len(plans)}: {sweep_label(point)}")
             execute_plan(
                 plan, rundir=rd, point=point, on_record=keep, on_round=progress_of, skip=skip
             )

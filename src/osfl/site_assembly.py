@@ -14,6 +14,7 @@ named. See :mod:`osfl.fl.runtime.sites`.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import replace
 from typing import Any
 
@@ -119,8 +120,11 @@ def site_server_job(
     """The server's job: no client data; evaluation on ``server_test`` when
     given, else at the sites (the method must be able to release its model).
     ``registry``: which node plays each site and its declared size (no
-    larger than ``server.max_num_samples``)."""
+    larger than ``server.max_num_samples``). Its run holds the server's own
+    random ``server_secret``, drawn here and sent nowhere: the sites cannot
+    know the server rule's random draws (DnC's coordinates)."""
     run = assembly.method_run(cfg, name, site_run(cfg, seed, progress))
+    run = replace(run, server_secret=secrets.token_hex(32))
     method = assembly.build_method(cfg, name, run)
     evaluator: Any = None
     if server_test:

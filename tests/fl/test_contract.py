@@ -117,11 +117,15 @@ def test_method_contract(name: str) -> None:
     assert same_state(first.state, again.state), f"{name}: same seed, different final state"
     saved = state_from_bytes(state_to_bytes(first.state))  # what resuming a run reads back
     assert same_state(saved, first.state), f"{name}: its state does not survive saving"
-    assert first.metrics == again.metrics
+    assert first.metrics == again.metrics, f"method {name!r}: the same seed gave other metrics"
     over_flower = _run(cfg, name, FlowerLoopbackRuntime())
     assert over_flower.metrics == first.metrics, f"{name}: Flower differs from the simulation"
-    assert (over_flower.bytes_up, over_flower.bytes_down) == (first.bytes_up, first.bytes_down)
-    assert over_flower.refused == []
+    assert (over_flower.bytes_up, over_flower.bytes_down) == (first.bytes_up, first.bytes_down), (
+        f"method {name!r}: Flower counts other bytes than the simulation"
+    )
+    assert over_flower.refused == [], (
+        f"method {name!r}: Flower refused its own uploads: {over_flower.refused}"
+    )
 
     acc = first.metrics["global_test_accuracy"]
     if "mean_client_accuracy" in first.metrics:
@@ -147,11 +151,14 @@ def test_method_declares_a_runnable_smoke_config(name: str) -> None:
     and the method's ``check`` accepts its smoke run."""
     cls = METHODS.get(name)
     card = cls.card
-    assert all("=" in o for o in card.smoke), card.smoke
+    bad = [o for o in card.smoke if "=" not in o]
+    assert not bad, f"method {name!r}: card.smoke entries {bad} are not key=value overrides"
     cfg = smoke_config(name)
     job = assembly.build_job(cfg, name, smoke_context(cfg))
     job.method.check()
-    assert job.method.name == name
+    assert job.method.name == name, (
+        f"method {name!r}: its built method is named {job.method.name!r}, not its registered name"
+    )
     assert card.regime in REGIMES, f"{name}: regime {card.regime!r} is not one of {list(REGIMES)}"
     assert card.uploads in UPLOAD_KINDS, f"{name}: uploads {card.uploads!r} is not a known kind"
 
@@ -166,7 +173,9 @@ def _outputs(predictor: Any, run: Any) -> torch.Tensor:
 def check_capabilities(method: Method, result: RunResult) -> None:
     """What each capability ``method`` declares promises, on its smoke run."""
     name, state = method.name, result.state
-    assert len(result.rounds) == rounds_of(method), f"{name}: rounds"
+    assert len(result.rounds) == rounds_of(method), (
+        f"method {name!r} ran {len(result.rounds)} rounds, not the {rounds_of(method)} it declares"
+    )
     kept = [s for s in result.client_states.values() if s.tensors or s.meta]
     if capability(method, KeepsClientState) is not None:
         assert kept, f"{name} declares client state but no client kept any"
@@ -181,28 +190,39 @@ def check_capabilities(method: Method, result: RunResult) -> None:
         )
     own = capability(method, OwnModels)
     if own is not None:  # every client scored its own model, the server's predictor beside
-        assert len(result.metrics["client_accuracies"]) == method.run.num_clients
+        assert len(result.metrics["client_accuracies"]) == method.run.num_clients, (
+            f"method {name!r} declares OwnModels but not every client scored its own model"
+        )
         assert None not in result.metrics["client_accuracies"], f"{name}: a client did not score"
-        assert result.metrics["global_test_accuracy"] == result.metrics["mean_client_accuracy"]
-        assert "server_accuracy" in result.metrics
+        assert result.metrics["global_test_accuracy"] == result.metrics["mean_client_accuracy"], (
+            f"method {name!r} declares OwnModels but its global accuracy is not the clients' mean"
+        )
+        assert "server_accuracy" in result.metrics, (
+            f"method {name!r} declares OwnModels but its record has no server_accuracy"
+        )
         fresh = own.client_predictor(method.broadcast(state, len(result.rounds)), ClientState())
-        assert _outputs(fresh, method.run).shape == (4, method.run.num_classes)
+        assert _outputs(fresh, method.run).shape == (4, method.run.num_classes), (
+            f"method {name!r}: client_predictor's scores are not batch x classes"
+        )
     audited = capability(method, AuditHistory)
     if audited is not None:
         history = audited.audit_history(state, 0)
-        assert all(
-            k.startswith("history.") and isinstance(v, torch.Tensor) for k, v in history.items()
-        )
+        bad = [k for k, v in history.items() if not k.startswith("history.")]
+        bad += [k for k, v in history.items() if not isinstance(v, torch.Tensor)]
+        assert not bad, f"method {name!r}: audit_history keys {bad} are not 'history.*' tensors"
     reporting = capability(method, Reporting)
     if reporting is not None:
         jsonio.dumps(reporting.report(state))  # what the record stores
     artifacts = capability(method, Artifacts)
     if artifacts is not None:
-        assert all(isinstance(v, torch.Tensor) for v in artifacts.artifacts(state).values())
+        bad = [k for k, v in artifacts.artifacts(state).items() if not isinstance(v, torch.Tensor)]
+        assert not bad, f"method {name!r}: artifacts {bad} are not tensors"
     shared = capability(method, SharedTrainingStep)
     if shared is not None:
         plan = shared.shared_training(method.broadcast(method.init_state(), 0), 0)
-        assert plan is None or isinstance(plan, SharedTraining)
+        assert plan is None or isinstance(plan, SharedTraining), (
+            f"method {name!r}: shared_training returned {type(plan).__name__}, not SharedTraining"
+        )
     chooser = capability(method, ServerValidation)
     if chooser is not None:  # a smoke run has no validation set and must not need one
         chooser.use_validation(None)
@@ -289,6 +309,12 @@ def test_capabilities_are_found_through_a_wrapper(name: str) -> None:
     wrapped = MethodWrapper(MethodWrapper(method))
     for cap in CAPABILITIES.values():
         found = capability(wrapped, cap)
-        assert (found is method) == isinstance(method, cap), (name, cap.__name__)
-        assert found is None or found is method
-    assert wrapped.card is type(method).card and wrapped.name == name
+        assert (found is method) == isinstance(method, cap), (
+            f"method {name!r}: capability {cap.__name__} is not found through a wrapper as declared"
+        )
+        assert found is None or found is method, (
+            f"method {name!r}: capability {cap.__name__} found on another object than the method"
+        )
+    assert wrapped.card is type(method).card and wrapped.name == name, (
+        f"method {name!r}: a wrapper does not forward its card and name"
+    )

@@ -8,7 +8,11 @@ resolved parameters and the seed that made them, and per-client class counts
 It is stored as plain JSON (never pickle) so that a split can be read, diffed and
 shared; :meth:`Federation.load_json` checks everything it reads (indices in range
 and disjoint, counts consistent, the stored key matching the content) because a
-federation file is user input.
+federation file is user input. The key covers the content (every client's
+indices and class counts) as well as the recipe that drew it, so an edited
+file (an index moved between two clients) no longer matches its key, and two
+runs whose records hold one key trained on the same clients (issue 51;
+format 2: a format-1 file's key hashed the recipe alone).
 """
 
 from __future__ import annotations
@@ -25,11 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from osfl import jsonio
 from osfl.errors import DataError
+from osfl.safe_read import read_json
 
 FORMAT = "osfl.federation"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 def as_label_array(
@@ -91,6 +95,18 @@ def federation_key(
     }
     blob = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def content_key(recipe_key: str, client_indices: Sequence[np.ndarray], counts: np.ndarray) -> str:
+    """:meth:`Federation.key`: the recipe's key with every client's indices
+    and class counts hashed in (one client's array after another, each with
+    its length, so that moving an index between clients changes it)."""
+    h = hashlib.sha256(recipe_key.encode())
+    for a in client_indices:
+        h.update(f"|{a.shape[0]}|".encode())
+        h.update(np.ascontiguousarray(a, dtype=np.int64).tobytes())
+    h.update(np.ascontiguousarray(counts, dtype=np.int64).tobytes())
+    return h.hexdigest()[:24]
 
 
 @dataclass(frozen=True, eq=False)
@@ -164,7 +180,13 @@ class Federation:
         return (self.class_counts >= min_count).sum(axis=1)
 
     def key(self) -> str:
-        """Stable hash of (scheme, params, seed, num_clients, num_classes, N, labels)."""
+        """Stable hash of the recipe (:meth:`recipe_key`) and the content: every
+        client's indices and class counts."""
+        return content_key(self.recipe_key(), self.client_indices, self.class_counts)
+
+    def recipe_key(self) -> str:
+        """Stable hash of (scheme, params, seed, num_clients, num_classes, N,
+        labels): what the cache is looked up by before anything is drawn."""
         return federation_key(
             self.scheme,
             self.params,
@@ -292,19 +314,16 @@ class Federation:
 
     @classmethod
     def load_json(cls, path: str | os.PathLike[str]) -> Federation:
-        """Read a file written by :meth:`save_json`, validating every field."""
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise DataError(f"cannot read federation file {path}: {e}") from None
-        try:
-            d = jsonio.loads(text)
-        except ValueError as e:
-            raise DataError(
-                f"{path}: not valid JSON ({e}); re-create it with make_federation"
-            ) from None
+        """Read a file written by :meth:`save_json`, validating every field
+        (read through :mod:`osfl.safe_read`: a regular UTF-8 file of at most
+        :data:`MAX_FILE_BYTES`, JSON nested at most a few levels)."""
+        d = read_json(path, max_bytes=MAX_FILE_BYTES, max_depth=4, what="federation file")
         return cls.from_dict(d, source=str(path))
+
+
+#: The largest federation file read: 256 MiB holds the indices of about 30
+#: million samples (ImageNet-1k's train set is 1.3 million).
+MAX_FILE_BYTES = 256 << 20
 
 
 #: The fields of a federation file and their JSON types.
@@ -332,6 +351,8 @@ def _check_fields(d: Any, bad: Callable[[str], DataError]) -> None:
     integers small enough for int64 arithmetic."""
     if not isinstance(d, dict):
         raise bad("not a JSON object")
+    if d.get("format") == FORMAT and d.get("version") == 1:
+        raise bad("written by an older osfl (format 1, whose key does not cover the indices)")
     if d.get("format") != FORMAT or d.get("version") != FORMAT_VERSION:
         raise bad(f"not an {FORMAT} v{FORMAT_VERSION} file")
     for name, typ in _FIELDS.items():

@@ -24,6 +24,7 @@ from matplotlib.figure import Figure
 
 from osfl.data.federation import Federation
 from osfl.errors import DataError
+from osfl.interrupts import atomic_section
 
 MAX_ANNOTATED_CELLS = 600  # beyond this the numbers are unreadable; colour alone remains
 MAX_TICKS = 40
@@ -106,5 +107,6 @@ def plot_class_counts(
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, format="png")
+    with atomic_section():  # Ctrl-C never leaves half a PNG
+        fig.savefig(path, format="png")
     return path

@@ -36,10 +36,19 @@ raising on states that passed validation:
   chosen coordinates of the updates, score each client by its squared
   projection on the top singular vector of the centred updates and keep the
   n − c·f lowest (c = 1, f = ``byzantine``); the clients kept every time are
-  averaged (weighted by data size, like Multi-Krum). The coordinates come
-  from a generator seeded with 0 on every call (the paper draws them afresh:
-  here a re-run gives the same model); if no client is kept every time, the
-  n − f with the lowest summed score are (the paper does not say; logged).
+  averaged (weighted by data size, like Multi-Krum). As in the paper the
+  coordinates are drawn afresh every round, so that no client can plan its
+  poison around them: from the round's draw seed (:func:`draw_seed`: the run
+  seed and the round in a simulation, so a re-run gives the same model; on
+  real sites also the server's own per-run secret, which no message carries,
+  so no client can know the draw). If no client is kept every time, the n − f
+  with the lowest summed score are (the paper does not say; logged).
+
+The result never depends on the order of anything the server received: the
+states are combined in the order of their clients' ids (``clients``; their
+positions when not given), so a tie (two equal Krum or DnC scores) goes to
+the lower id; and every state's tensors are flattened in the sorted order of
+their names, whatever order a decoded upload's dict holds them in.
 
 Integer buffers (BatchNorm's ``num_batches_tracked``) always take the
 weighted mean, rounded.
@@ -55,6 +64,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from osfl.fl.seeds import derive_seed
 from osfl.registry import Registry
 
 log = logging.getLogger(__name__)
@@ -72,16 +82,32 @@ class RuleParams(Protocol):
     cc_iterations: int
 
 
+#: ``(states, weights, reference, params, seed) -> state``: the states in their
+#: clients' order, normalised weights, the broadcast they started from, the
+#: server's knobs and the round's draw seed (:func:`draw_seed`; only a rule
+#: that samples reads it).
 Aggregator = Callable[
     [
         Sequence[Mapping[str, torch.Tensor]],
         np.ndarray,
         Mapping[str, torch.Tensor] | None,
         RuleParams,
+        int,
     ],
     StateDict,
 ]
 AGGREGATORS: Registry[Aggregator] = Registry("aggregator")
+
+
+def draw_seed(run_seed: int, round: int, secret: str | None = None) -> int:
+    """The seed of round ``round``'s random draws by the server's rule (DnC's
+    coordinates): a function of the run seed and the round, so a simulated
+    round re-runs to the same model and every round draws afresh; and, on
+    real sites, of ``secret``, the server's own per-run random secret
+    (:attr:`osfl.fl.context.RunContext.server_secret`), which no message
+    carries, so that no client, though it knows the seed and the round, can
+    know the draw."""
+    return derive_seed("server-draw", run_seed, round, secret)
 
 
 def _normalised(weights: Sequence[float]) -> np.ndarray:
@@ -97,12 +123,14 @@ def weighted_mean(
 ) -> StateDict:
     """The weighted average, buffers included, accumulated in float64 so that
     averaging identical models returns them bit for bit (one model with
-    weight 1 is returned exactly); integer buffers take the rounded mean."""
+    weight 1 is returned exactly); integer buffers take the rounded mean.
+    Its keys come out sorted, whatever order the states' dicts hold them in."""
     if not states:
         raise ValueError("weighted_mean needs at least one state")
     w = _normalised(weights)
     out: StateDict = {}
-    for name, ref in states[0].items():
+    for name in sorted(states[0]):
+        ref = states[0][name]
         acc = torch.zeros(ref.shape, dtype=torch.float64)
         for wi, st in zip(w, states, strict=True):
             acc += float(wi) * st[name].to(torch.float64)
@@ -119,7 +147,8 @@ def _per_coordinate(
     by the weighted mean."""
     means = weighted_mean(states, weights)
     out: StateDict = {}
-    for name, ref in states[0].items():
+    for name in sorted(states[0]):
+        ref = states[0][name]
         if not ref.is_floating_point():
             out[name] = means[name]
             continue
@@ -129,18 +158,18 @@ def _per_coordinate(
 
 
 @AGGREGATORS.register("mean")
-def _mean(states, weights, reference, params) -> StateDict:
+def _mean(states, weights, reference, params, seed) -> StateDict:
     return weighted_mean(states, weights)
 
 
 @AGGREGATORS.register("median")
-def _median(states, weights, reference, params) -> StateDict:
+def _median(states, weights, reference, params, seed) -> StateDict:
     # the mean of the two middle values for an even count (torch.median takes the lower)
     return _per_coordinate(states, weights, lambda x: x.quantile(0.5, dim=0))
 
 
 @AGGREGATORS.register("trimmed_mean")
-def _trimmed_mean(states, weights, reference, params) -> StateDict:
+def _trimmed_mean(states, weights, reference, params, seed) -> StateDict:
     n = len(states)
     # ceil: any positive fraction cuts at least one value at each end
     cut = min(math.ceil(params.trim_fraction * n), (n - 1) // 2)
@@ -155,8 +184,10 @@ def _trimmed_mean(states, weights, reference, params) -> StateDict:
 def _updates(
     states: Sequence[Mapping[str, torch.Tensor]], reference: Mapping[str, torch.Tensor] | None
 ) -> tuple[list[str], torch.Tensor]:
-    """(float keys, n × d matrix of the flattened updates state − reference)."""
-    keys = [k for k, v in states[0].items() if v.is_floating_point()]
+    """(float keys, n × d matrix of the flattened updates state − reference),
+    the keys in sorted order: a coordinate's column never depends on the
+    order a decoded upload's dict holds its tensors in."""
+    keys = sorted(k for k, v in states[0].items() if v.is_floating_point())
     rows = []
     for s in states:
         parts = [
@@ -197,20 +228,20 @@ def krum_tolerance(n: int, f: int) -> int:
 
 def _krum_select(states, weights, reference, f: int, m: int) -> StateDict:
     _, updates = _updates(states, reference)
-    # a stable sort: equal scores keep the clients' order (deterministic ties)
+    # a stable sort: equal scores keep the clients' order (the lower id wins a tie)
     chosen = torch.argsort(krum_scores(updates, f), stable=True)[:m].tolist()
     log.debug("krum: kept clients at positions %s of %d", chosen, len(states))
     return weighted_mean([states[i] for i in chosen], [weights[i] for i in chosen])
 
 
 @AGGREGATORS.register("krum")
-def _krum(states, weights, reference, params) -> StateDict:
+def _krum(states, weights, reference, params, seed) -> StateDict:
     f = krum_tolerance(len(states), params.byzantine)
     return _krum_select(states, weights, reference, f, 1)
 
 
 @AGGREGATORS.register("multi_krum")
-def _multi_krum(states, weights, reference, params) -> StateDict:
+def _multi_krum(states, weights, reference, params, seed) -> StateDict:
     n = len(states)
     f = krum_tolerance(n, params.byzantine)
     m = min(n, params.krum_select) if params.krum_select else max(1, n - f)
@@ -218,7 +249,7 @@ def _multi_krum(states, weights, reference, params) -> StateDict:
 
 
 @AGGREGATORS.register("norm_clip")
-def _norm_clip(states, weights, reference, params) -> StateDict:
+def _norm_clip(states, weights, reference, params, seed) -> StateDict:
     if reference is None:  # no broadcast to measure updates against: plain mean
         return weighted_mean(states, weights)
     keys, updates = _updates(states, reference)
@@ -236,9 +267,9 @@ def _norm_clip(states, weights, reference, params) -> StateDict:
 
 
 @AGGREGATORS.register("centered_clip")
-def _centered_clip(states, weights, reference, params) -> StateDict:
+def _centered_clip(states, weights, reference, params, seed) -> StateDict:
     if reference is None:  # no broadcast to centre on: the median is the start
-        reference = _median(states, weights, None, params)
+        reference = _median(states, weights, None, params, seed)
     keys, updates = _updates(states, reference)
     n = updates.shape[0]
     first = updates.norm(dim=1)
@@ -278,7 +309,8 @@ def dnc_scores(updates: torch.Tensor, dims: torch.Tensor | slice) -> torch.Tenso
 
 def dnc_select(scores: Sequence[torch.Tensor], keep: int) -> list[int]:
     """The positions among the ``keep`` lowest scores of every iteration (an
-    intersection); when none is, the ``keep`` lowest summed scores (logged)."""
+    intersection); when none is, the ``keep`` lowest summed scores (logged).
+    Equal scores go to the lower position (a stable sort)."""
     kept: set[int] | None = None
     for s in scores:
         good = set(torch.argsort(s, stable=True)[:keep].tolist())
@@ -293,6 +325,19 @@ def dnc_select(scores: Sequence[torch.Tensor], keep: int) -> list[int]:
     return sorted(kept)
 
 
+def dnc_draws(
+    d: int, *, iterations: int = DNC_ITERATIONS, subsample: int = DNC_SUBSAMPLE, seed: int = 0
+) -> list[torch.Tensor | slice]:
+    """The coordinates each of DnC's ``iterations`` scores: ``subsample`` of
+    the ``d`` drawn without replacement from ``seed`` (all of them when d is
+    not larger)."""
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        torch.randperm(d, generator=gen)[:subsample] if d > subsample else slice(None)
+        for _ in range(iterations)
+    ]
+
+
 def dnc_keep(
     updates: torch.Tensor,
     f: int,
@@ -302,22 +347,18 @@ def dnc_keep(
     seed: int = 0,
 ) -> list[int]:
     """The positions Divide-and-Conquer keeps of ``updates`` (n × d): it scores
-    ``iterations`` random draws of ``subsample`` coordinates (all of them when
-    d is smaller) and keeps n − c·f clients (at least one)."""
+    the :func:`dnc_draws` of ``seed`` (the round's :func:`draw_seed` in a run)
+    and keeps n − c·f clients (at least one)."""
     n, d = updates.shape
     keep = max(1, n - math.floor(DNC_FILTER * f))
-    gen = torch.Generator().manual_seed(seed)
-    draws = [
-        torch.randperm(d, generator=gen)[:subsample] if d > subsample else slice(None)
-        for _ in range(iterations)
-    ]
+    draws = dnc_draws(d, iterations=iterations, subsample=subsample, seed=seed)
     return dnc_select([dnc_scores(updates, dims) for dims in draws], keep)
 
 
 @AGGREGATORS.register("dnc")
-def _dnc(states, weights, reference, params) -> StateDict:
+def _dnc(states, weights, reference, params, seed) -> StateDict:
     _, updates = _updates(states, reference)
-    chosen = dnc_keep(updates, params.byzantine)
+    chosen = dnc_keep(updates, params.byzantine, seed=seed)
     log.debug("dnc: kept clients at positions %s of %d", chosen, len(states))
     return weighted_mean([states[i] for i in chosen], [weights[i] for i in chosen])
 
@@ -329,9 +370,23 @@ def aggregate_states(
     *,
     rule: str = "mean",
     reference: Mapping[str, torch.Tensor] | None = None,
+    clients: Sequence[int] | None = None,
+    seed: int = 0,
 ) -> StateDict:
     """Combine ``states`` with the registered ``rule`` and its ``params`` (a
-    :class:`~osfl.fl.server_config.ServerConfig`; see the module docstring)."""
+    :class:`~osfl.fl.server_config.ServerConfig`; see the module docstring).
+
+    ``clients``: the states' client ids; the rule sees the states sorted by
+    them, so the result is the same, bit for bit, whatever order the uploads
+    arrived in, and a tie goes to the lower id (default: the positions are
+    the ids). ``seed``: the round's draw seed (:func:`draw_seed`), for a rule
+    that samples."""
     if not states:
         raise ValueError("aggregate_states needs at least one state")
-    return AGGREGATORS.get(rule)(states, _normalised(weights), reference, params)
+    if clients is not None:
+        if len(clients) != len(states) or len(set(clients)) != len(clients):
+            raise ValueError("aggregate_states needs one distinct client id per state")
+        order = sorted(range(len(states)), key=lambda i: clients[i])
+        states = [states[i] for i in order]
+        weights = [weights[i] for i in order]
+    return AGGREGATORS.get(rule)(states, _normalised(weights), reference, params, seed)

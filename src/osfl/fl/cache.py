@@ -43,6 +43,7 @@ from safetensors.torch import load, save
 from osfl import jsonio
 from osfl.data.transforms import Transform
 from osfl.errors import ConfigError
+from osfl.interrupts import atomic_section
 
 __all__ = ["CACHE_FORMAT", "ClientCache", "canonical_json", "state_hash", "transform_key"]
 
@@ -193,14 +194,15 @@ class ClientCache:
         return self._read(key, path, "aux") if path.exists() else None
 
     def _atomic_write(self, dest: Path, write: Callable[[str], object]) -> None:
-        fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{dest.name}.", suffix=".tmp")
-        os.close(fd)
-        try:
-            write(tmp)
-            os.replace(tmp, dest)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_section():  # a second Ctrl-C exits after the rename, not mid-file
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{dest.name}.", suffix=".tmp")
+            os.close(fd)
+            try:
+                write(tmp)
+                os.replace(tmp, dest)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
 
     def get_or_train(
         self,

@@ -84,7 +84,8 @@ class RunContext:
     names the parties agreed on.
 
     It is the same object on the server and on each client in simulation; under
-    Flower each process builds an equal one from the same config.
+    Flower each process builds an equal one from the same config, except that
+    a real-sites server adds its own ``server_secret`` (kept out of ``repr``).
     """
 
     num_classes: int
@@ -101,6 +102,11 @@ class RunContext:
     server: ServerConfig = field(default_factory=ServerConfig)
     secagg: SecAggPlusConfig = field(default_factory=SecAggPlusConfig)
     classes: tuple[str, ...] = ()  # the class names in label order, where known
+    #: The one thing here no client knows: on a real-sites server, a random
+    #: secret of this run, drawn by the server and sent nowhere, from which
+    #: its rule's random draws (DnC's coordinates) are seeded
+    #: (:func:`osfl.fl.aggregators.draw_seed`); ``None`` everywhere else.
+    server_secret: str | None = field(default=None, repr=False)
 
 
 class ClientState(Message):

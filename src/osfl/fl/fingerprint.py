@@ -13,6 +13,13 @@ much the machine moves a number"). ``torch 2.13.0+cpu, cpu AVX512`` names none o
 this, so two machines with that label gave different numbers (issue "The
 README's two commands pass on any clean machine").
 
+The pinning variables are recorded as set, not as obeyed: MKL ignores a
+branch the CPU's vendor does not support (``MKL_CBWR=AVX2`` on an AMD CPU
+runs MKL's AUTO branch, issue 55), and the fingerprint cannot tell, so
+``OSFL_CPU_KERNELS=portable`` pins the COMPATIBLE branch, which MKL runs on
+every x86-64 vendor (``benchmarks/kernel_probe.py`` reads back the branch
+MKL took).
+
 :func:`cpu_fingerprint` records every input of that choice that a process
 can read: torch's build and capability, oneDNN's ISA *as it runs* (read
 from oneDNN's own verbose line, so a cap in the environment shows), whether
@@ -92,7 +99,7 @@ _AMX = "Intel AMX"
 _probe_lock = threading.Lock()
 if os.environ.get("OSFL_CPU_KERNELS") == "portable":
     # the third pin of the portable kernels (osfl/__init__.py has the other two):
-    # ATen's own convolution, whose GEMMs are MKL's pinned branch
+    # ATen's own convolution, whose GEMMs are MKL's pinned COMPATIBLE branch
     torch.backends.mkldnn.enabled = False
 _probed: dict[str, str | None] = {}
 

@@ -34,6 +34,7 @@ from osfl.errors import ConfigError
 from osfl.fl.method import AuditHistory, capability
 from osfl.fl.observation import Observation, observe, save_tensors
 from osfl.fl.upload import Broadcast, Upload
+from osfl.interrupts import atomic_section
 
 if TYPE_CHECKING:
     from osfl.fl.context import RunContext
@@ -340,6 +341,7 @@ class Checkpointer(Observer):
         tmp = path.with_suffix(".tmp")
         meta = {"round": str(round), "metrics": json.dumps(dict(metrics), default=str)}
         cpu = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
-        save_file(cpu, str(tmp), metadata=meta)
-        tmp.replace(path)
+        with atomic_section():  # Ctrl-C waits for the rename: never half a checkpoint
+            save_file(cpu, str(tmp), metadata=meta)
+            tmp.replace(path)
         self.saved.append(path)

@@ -180,7 +180,7 @@ def state_to_bytes(state: Any) -> bytes:
 def state_from_bytes(blob: bytes) -> Any:
     """The inverse of :func:`state_to_bytes` (a damaged blob is a DataError)."""
     try:
-        tensors = load(blob)
+        tensors = dict(sorted(load(blob).items()))  # safetensors' order changes per load
         header_len = int.from_bytes(blob[:8], "little")
         header = jsonio.loads(blob[8 : 8 + header_len])
         skeleton = jsonio.loads(header["__metadata__"][_SKELETON])

@@ -63,7 +63,9 @@ class Message:
 
     @classmethod
     def from_bytes(cls, data: bytes, *, client: int | str | None = None) -> Message:
-        """Parse safetensors bytes; malformed input raises :class:`UploadError`."""
+        """Parse safetensors bytes, the tensors in sorted order of their names
+        (a canonical order: nothing the server computes may depend on the
+        order a dict holds them in); malformed input raises :class:`UploadError`."""
         try:
             tensors = st_load(bytes(data))
             header_len = int.from_bytes(data[:8], "little")
@@ -80,7 +82,9 @@ class Message:
             raise UploadError(f"metadata is not JSON: {why}", client=client, field="meta") from e
         if not isinstance(meta, dict):
             raise UploadError("metadata must be a JSON object", client=client, field="meta")
-        return cls(tensors=dict(tensors), meta=meta)
+        # safetensors' load hands the tensors back in an order that changes from
+        # one call to the next: sorted names make every decoded message the same
+        return cls(tensors=dict(sorted(tensors.items())), meta=meta)
 
     @property
     def nbytes(self) -> int:

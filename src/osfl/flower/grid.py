@@ -15,10 +15,13 @@ malformed counts as "sent nothing".
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from flwr.app import Context, Message
+from flwr.common.logger import update_console_handler
 from flwr.serverapp import Grid, ServerApp
 
 from osfl.errors import OsflError, UploadError
@@ -65,6 +68,23 @@ __all__ = [
 NO_NODE = "no SuperNode connected"
 
 log = logging.getLogger(__name__)
+
+
+def plain_flower_logs_when_piped() -> None:
+    """Flower's logger colours its level names whatever its output is
+    (Flower 1.41): off in a process whose stderr is not a terminal (a file, a
+    pipe, CI) or under ``NO_COLOR``, so that piped output of ``runtime=flower``,
+    SecAgg+ and the engine holds no colour codes. Called on import: every
+    osfl runtime over Flower imports this module."""
+    try:
+        terminal = sys.stderr.isatty()
+    except (AttributeError, ValueError):  # a replaced or closed stderr
+        terminal = False
+    if not terminal or os.environ.get("NO_COLOR"):
+        update_console_handler(colored=False)
+
+
+plain_flower_logs_when_piped()
 
 
 def reply_payload(
@@ -219,7 +239,10 @@ class FlowerGridRuntime:
     process's torch threads during the rounds (clients in this process).
     ``bindings``: which node plays which site besides the job's own registry
     (a rehearsal's site registry, run config ``keep-node``;
-    :mod:`osfl.flower.claims`)."""
+    :mod:`osfl.flower.claims`). ``every_node``: a client without a node after
+    discovery stops the run (:class:`DiscoveryError`) instead of counting as
+    dropped out; Flower's simulation engine sets it, since its every node is
+    an actor of this run and a missing one only missed ``node_timeout``."""
 
     name = "flower"
 
@@ -231,10 +254,12 @@ class FlowerGridRuntime:
         node_timeout: float = 120.0,
         threads: int | None = None,
         bindings: Bindings = (),
+        every_node: bool = False,
     ):
         self.grid = grid
         self.round_timeout, self.node_timeout, self.threads = round_timeout, node_timeout, threads
         self.bindings = tuple(bindings)
+        self.every_node = every_node
 
     def execute(
         self, job: Job, *, observers: Sequence[Observer] = (), digest: str | None = None
@@ -251,6 +276,9 @@ class FlowerGridRuntime:
             digest,
         )
         found = discover(self.grid, job, digest, self.node_timeout, self.bindings)
+        missing = [c for c in range(job.num_clients) if c not in found.nodes]
+        if self.every_node and missing:
+            raise DiscoveryError(missing, job.num_clients, [], list(found.absent.values()))
         transport = GridTransport(
             self.grid,
             found.nodes,

@@ -27,7 +27,7 @@ from torch import nn
 
 from osfl.data.imageset import ImageSet
 from osfl.errors import UploadError
-from osfl.fl.aggregators import aggregate_states, weighted_mean
+from osfl.fl.aggregators import aggregate_states, draw_seed, weighted_mean
 from osfl.fl.client_training import train_client
 from osfl.fl.context import ClientContext, RunContext, SharedTraining
 from osfl.fl.method import Method, MethodCard, Predictor, Screening, SharedTrainingStep
@@ -126,12 +126,19 @@ def combine_states(
     states: Sequence[Mapping[str, torch.Tensor]],
     weights: Sequence[float],
     reference: Mapping[str, torch.Tensor] | None,
+    *,
+    round: int,
 ) -> StateDict:
-    """The clients' states combined with the server's rule (``server.aggregator``:
-    the weighted mean, or a Byzantine-robust rule; ``reference`` is the state
-    they started from)."""
+    """The clients' states (in client order) combined with the server's rule
+    (``server.aggregator``: the weighted mean, or a Byzantine-robust rule;
+    ``reference`` is the state they started from). A rule that samples (DnC)
+    draws from round ``round``'s seed (:func:`~osfl.fl.aggregators.draw_seed`:
+    the run seed, the round and, on real sites, the server's secret)."""
     server = run.server
-    return aggregate_states(states, weights, server, rule=server.aggregator, reference=reference)
+    seed = draw_seed(run.seed, round, run.server_secret)
+    return aggregate_states(
+        states, weights, server, rule=server.aggregator, reference=reference, seed=seed
+    )
 
 
 class ModelPredictor(Predictor):

@@ -173,7 +173,9 @@ class FedAvg(Method, MultiRound, Screening, SecureAggregation, SharedTrainingSte
         counts = sample_counts(uploads)
         clients = sorted(counts)
         weights = WEIGHTINGS.get(self.config.weighting)([counts[c] for c in clients])
-        return combine_states(self.run, [uploads[c].tensors for c in clients], weights, state)
+        return combine_states(
+            self.run, [uploads[c].tensors for c in clients], weights, state, round=round
+        )
 
     def aggregate_mean(self, state: StateDict, mean: Upload, round: int) -> StateDict:
         """The clients' weighted mean is the new global model (SecAgg+ runs

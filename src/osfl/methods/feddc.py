@@ -101,7 +101,7 @@ class FedDC(StatefulScheme):
             memory["update"] = delta
         return {}
 
-    def update_server(self, old, new, parts, weights, counts) -> None:
+    def update_server(self, old, new, parts, weights, counts, round) -> None:
         clients = list(parts)
         names = self.param_names()
         corrected, deltas = [], []
@@ -117,7 +117,7 @@ class FedDC(StatefulScheme):
             if self.config.correction:
                 known["update"] = delta
             corrected.append(state)
-        new.model = combine_states(self.run, corrected, weights, old.model)
+        new.model = combine_states(self.run, corrected, weights, old.model, round=round)
         if self.config.correction:
             g = {k: torch.zeros_like(v) for k, v in deltas[0].items()}
             for w, d in zip(weights, deltas, strict=True):

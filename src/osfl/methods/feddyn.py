@@ -70,9 +70,11 @@ class FedDyn(StatefulScheme):
             memory["grad"] = term.next_grad_state(model)
         return {}
 
-    def update_server(self, old, new, parts, weights, counts) -> None:
+    def update_server(self, old, new, parts, weights, counts, round) -> None:
         clients = list(parts)
-        avg = combine_states(self.run, [parts[c][0] for c in clients], weights, old.model)
+        avg = combine_states(
+            self.run, [parts[c][0] for c in clients], weights, old.model, round=round
+        )
         alpha = self.config.alpha
         if alpha > 0:
             names = self.param_names()

@@ -115,9 +115,11 @@ class Scaffold(StatefulScheme):
         memory["c_i"] = new_ci
         return {"delta_c": new_ci if c_i is None else add_scaled(new_ci, c_i, -1.0)}
 
-    def update_server(self, old, new, parts, weights, counts) -> None:
+    def update_server(self, old, new, parts, weights, counts, round) -> None:
         clients = list(parts)
-        avg = combine_states(self.run, [parts[c][0] for c in clients], weights, old.model)
+        avg = combine_states(
+            self.run, [parts[c][0] for c in clients], weights, old.model, round=round
+        )
         eta_g = self.config.server_lr
         if eta_g != 1.0:
             avg = {

@@ -280,7 +280,7 @@ class StatefulScheme(FedAvg, KeepsClientState, AuditHistory):
             server={n: dict(t) for n, t in state.server.items()},
             clients={c: dict(named) for c, named in state.clients.items()},
         )
-        self.update_server(state, new, parts, weights, counts)
+        self.update_server(state, new, parts, weights, counts, round)
         return new
 
     def predictor(self, state: SchemeState) -> Predictor:
@@ -310,8 +310,10 @@ class StatefulScheme(FedAvg, KeepsClientState, AuditHistory):
         parts: Mapping[int, tuple[StateDict, Named]],
         weights: np.ndarray,
         counts: Mapping[int, int],
+        round: int,
     ) -> None:
-        """Fill ``new`` (a copy of ``old``) from the round's uploads ``parts``."""
+        """Fill ``new`` (a copy of ``old``) from round ``round``'s uploads ``parts``
+        (in client order; the round seeds the server rule's draws)."""
         raise NotImplementedError
 
     def audit_history(

@@ -30,12 +30,17 @@ import torch
 
 from osfl.errors import DataError
 from osfl.fl.state_codec import state_from_bytes, state_to_bytes
+from osfl.interrupts import atomic_section
+from osfl.safe_read import read_bytes
 
 __all__ = ["PendingUpload", "Resume", "RoundCheckpoints"]
 
 log = logging.getLogger(__name__)
 
 RESUME = "resume.safetensors"
+#: The largest checkpoint file read (read through osfl.safe_read: a regular
+#: file, so a FIFO left in its place cannot hang a resume).
+MAX_BYTES = 1 << 34
 _PENDING = re.compile(r"client_(\d+)\.safetensors")
 
 
@@ -74,8 +79,9 @@ def _bytes_tensor(raw: bytes) -> torch.Tensor:
 def _atomic_write(path: Path, blob: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_bytes(blob)
-    os.replace(tmp, path)
+    with atomic_section():  # Ctrl-C waits for the rename
+        tmp.write_bytes(blob)
+        os.replace(tmp, path)
 
 
 class RoundCheckpoints:
@@ -107,7 +113,7 @@ class RoundCheckpoints:
         if not path.is_file():
             return None
         try:
-            doc = state_from_bytes(path.read_bytes())
+            doc = state_from_bytes(read_bytes(path, max_bytes=MAX_BYTES, what="checkpoint"))
             resume = Resume(
                 job=str(doc["job"]),
                 round=int(doc["round"]),
@@ -151,7 +157,7 @@ class RoundCheckpoints:
             if m is None:
                 continue
             try:
-                doc = state_from_bytes(path.read_bytes())
+                doc = state_from_bytes(read_bytes(path, max_bytes=MAX_BYTES, what="upload"))
                 tensors = doc["tensors"]
                 state = tensors.get("state")
                 out[int(m.group(1))] = PendingUpload(

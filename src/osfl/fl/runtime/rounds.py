@@ -329,10 +329,11 @@ class RoundLoop:
         )
 
     def aggregate(self, state: Any, got: RoundUploads, r: int) -> Any:
-        """The method's new state from the round's individual uploads, or from
+        """The method's new state from the round's individual uploads (in the
+        order of their clients' ids, whatever order they arrived in), or from
         their weighted mean when the transport summed them."""
         if got.mean is None:
-            return self.method.aggregate(state, got.uploads, r)
+            return self.method.aggregate(state, {c: got.uploads[c] for c in got.accepted}, r)
         secure = capability(self.method, SecureAggregation)
         if secure is None:
             raise ConfigError(f"{self.method.name} cannot aggregate a weighted mean of uploads")

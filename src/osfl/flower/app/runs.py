@@ -25,6 +25,7 @@ from typing import Any
 from osfl import jsonio
 from osfl.errors import ConfigError, DataError, OsflError
 from osfl.flower.app.local import flower_bin, json_tail, plain
+from osfl.safe_read import read_json, read_text
 
 _STARTED = re.compile(r"Successfully started run (\d+)")
 
@@ -103,16 +104,18 @@ def run_dir_status(run_dir: str | Path) -> int:
     return 0
 
 
+#: The largest ``events.jsonl`` read (a round's event is about 1 KiB).
+MAX_EVENTS_BYTES = 512 << 20
+
+
 def _last_attempt(root: Path) -> list[dict[str, Any]]:
     """The events of the run directory's last attempt (its last
     ``run_start`` and after); a damaged log is one :class:`DataError`."""
     events = root / "events.jsonl"
-    if not events.is_file():
+    if not events.exists() and not events.is_symlink():  # a FIFO or a device: refused below
         raise DataError(f"{root} is not an osfl run directory (no events.jsonl)")
-    try:
-        text = events.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{events}: not an event log (not UTF-8 at byte {e.start})") from e
+    # a regular UTF-8 file of bounded size: a FIFO or /dev/zero is one line
+    text = read_text(events, max_bytes=MAX_EVENTS_BYTES, what="event log")
     parsed = []
     for line in text.splitlines():
         try:
@@ -129,9 +132,9 @@ def _last_attempt(root: Path) -> list[dict[str, Any]]:
 
 def _record_count(root: Path) -> int:
     """How many records ``metrics.json`` holds (0 when it is missing or damaged)."""
-    try:
-        doc = jsonio.loads((root / "metrics.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    try:  # bounded, regular files only: a FIFO would hang the status
+        doc = read_json(root / "metrics.json", max_bytes=MAX_EVENTS_BYTES, what="metrics file")
+    except DataError:
         return 0
     records = doc.get("records") if isinstance(doc, dict) else None
     return len(records) if isinstance(records, list) else 0

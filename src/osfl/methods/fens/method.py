@@ -212,7 +212,9 @@ class FENS(Method, MultiRound, KeepsClientState, SharedTrainingStep):
         total = sum(counts[c] for c in clients)
         weights = [counts[c] / total for c in clients]
         x = state["aggregator"]
-        combined = combine_states(self.run, [uploads[c].tensors for c in clients], weights, x)
+        combined = combine_states(
+            self.run, [uploads[c].tensors for c in clients], weights, x, round=round
+        )
         aggregator, slots = server_step(self.config.server_opt, x, combined, state["server_opt"])
         return {**state, "aggregator": aggregator, "server_opt": slots}
 
