@@ -191,3 +191,14 @@ def test_with_the_servers_secret_not_even_the_first_round_can_be_planned() -> No
         planned[:4], [1.0] * 4, ServerConfig(aggregator="mean"), rule="mean", reference=ref
     )
     assert all(torch.equal(got[k], want[k]) for k in SHAPES)
+
+
+def test_dnc_keeps_every_client_when_no_coordinate_is_a_float() -> None:
+    """Integer-only states (a counter, a step index) give d = 0: no singular
+    direction exists, so DnC keeps all n clients and averages them as the
+    mean rule does, instead of failing in the SVD."""
+    states = [{"steps": torch.tensor([i, 2 * i])} for i in (1, 2, 6)]
+    assert dnc_keep(torch.zeros(3, 0, dtype=torch.float64), 1) == [0, 1, 2]
+    params = ServerConfig(aggregator="dnc", byzantine=1)
+    got = aggregate_states(states, [1.0, 1.0, 1.0], params, rule="dnc")
+    assert torch.equal(got["steps"], aggregate_states(states, [1.0, 1.0, 1.0], params)["steps"])

@@ -348,8 +348,12 @@ def dnc_keep(
 ) -> list[int]:
     """The positions Divide-and-Conquer keeps of ``updates`` (n × d): it scores
     the :func:`dnc_draws` of ``seed`` (the round's :func:`draw_seed` in a run)
-    and keeps n − c·f clients (at least one)."""
+    and keeps n − c·f clients (at least one). With no float coordinate
+    (d = 0) there is no direction to be an outlier along: every client is
+    kept, as every other rule averages them all."""
     n, d = updates.shape
+    if d == 0:
+        return list(range(n))
     keep = max(1, n - math.floor(DNC_FILTER * f))
     draws = dnc_draws(d, iterations=iterations, subsample=subsample, seed=seed)
     return dnc_select([dnc_scores(updates, dims) for dims in draws], keep)
