@@ -1,0 +1,184 @@
+"""What :func:`osfl.fl.tensor_fit.fit` computes, step by step: the same
+numbers as a hand-written loop of its recipe (batch order, dropout seed,
+clipping, schedule length, the epoch's mean loss), its mixed precision, its
+progress bar and its refusals (mutants of ``osfl.fl.tensor_fit``: TESTING.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from osfl.errors import ConfigError
+from osfl.fl.optim import build_optimizer, build_schedule
+from osfl.fl.progress import Progress, ProgressTask
+from osfl.fl.tensor_fit import FitConfig, fit
+
+#: a recipe that uses every part of the loop: a schedule over all steps,
+#: clipping that binds, decoupled decay, a short last batch (20 = 2·8 + 4)
+RECIPE = FitConfig(
+    optimizer="adamw",
+    lr=0.05,
+    weight_decay=0.1,
+    schedule="cosine",
+    grad_clip=0.05,
+    epochs=3,
+    batch_size=8,
+)
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(5)
+    return nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.3), nn.Linear(16, 3))
+
+
+def _data() -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(20, 4, generator=g)
+    return x, torch.randint(0, 3, (20,), generator=g)
+
+
+def _loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(model(x), y)
+
+
+def _by_hand(model: nn.Module, x: torch.Tensor, y: torch.Tensor, cfg: FitConfig) -> list[float]:
+    """fit's recipe written out: one seed drawn from the generator for the
+    dropout masks, a fresh permutation per epoch, the schedule over
+    epochs · ⌈n / batch⌉ steps, clipping per step, each epoch's loss the
+    sample-weighted mean of its batches'."""
+    gen = torch.Generator().manual_seed(7)
+    n = len(x)
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = build_optimizer(params, cfg)
+    sched = build_schedule(opt, cfg, cfg.epochs * math.ceil(n / cfg.batch_size))
+    model.train()
+    torch.manual_seed(int(torch.randint(0, 2**62, (1,), generator=gen)))
+    losses = []
+    for _ in range(cfg.epochs):
+        order = torch.randperm(n, generator=gen)
+        total = torch.zeros(())
+        for i in range(0, n, cfg.batch_size):
+            idx = order[i : i + cfg.batch_size]
+            loss = _loss(model, x[idx], y[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
+            sched.step()
+            total += loss.detach() * len(idx)
+        losses.append(float(total) / n)
+    return losses
+
+
+def test_fit_computes_its_recipe_exactly() -> None:
+    x, y = _data()
+    model, reference = _model(), _model()
+    outside = torch.get_rng_state()
+    losses = fit(model, [x, y], _loss, RECIPE, generator=torch.Generator().manual_seed(7))
+    # the dropout seed is drawn inside a fork: the caller's global RNG is untouched
+    assert torch.equal(torch.get_rng_state(), outside)
+    want = _by_hand(reference, x, y, RECIPE)
+    assert losses == want
+    for a, b in zip(model.state_dict().values(), reference.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+    assert not model.training  # left in eval mode
+
+
+def test_each_part_of_the_recipe_changes_the_result() -> None:
+    """The hand-written loop is not blind to the parts the test above pins:
+    without clipping, with a schedule of another length, the numbers move."""
+    x, y = _data()
+    base = _by_hand(_model(), x, y, RECIPE)
+    assert _by_hand(_model(), x, y, dataclasses.replace(RECIPE, grad_clip=1e3)) != base
+    assert _by_hand(_model(), x, y, dataclasses.replace(RECIPE, epochs=4))[:3] != base
+
+
+def test_amp_autocasts_each_forward_pass_in_bfloat16() -> None:
+    """``amp`` runs the loss under CPU autocast in bfloat16; off, in float32."""
+    seen: list[tuple[bool, torch.dtype]] = []
+
+    def loss(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        out = model(x)
+        seen.append((torch.is_autocast_enabled("cpu"), out.dtype))
+        return out.float().pow(2).mean()
+
+    x = torch.randn(6, 4)
+    for amp in (True, False):
+        seen.clear()
+        cfg = FitConfig(epochs=2, batch_size=4, amp=amp)
+        fit(nn.Linear(4, 2), [x], loss, cfg, generator=torch.Generator().manual_seed(0))
+        want = (True, torch.bfloat16) if amp else (False, torch.float32)
+        assert seen == [want] * 4  # 2 epochs of 2 batches
+
+
+class _Recorder(Progress):
+    def __init__(self) -> None:
+        self.tasks: list[tuple[str, float | None]] = []
+        self.advanced = 0.0
+
+    def task(self, description: str, total: float | None = None) -> ProgressTask:
+        self.tasks.append((description, total))
+        outer = self
+
+        class _Task(ProgressTask):
+            def advance(self, amount: float = 1.0, *, description: str | None = None) -> None:
+                outer.advanced += amount
+
+        return _Task()
+
+
+def test_progress_has_one_bar_of_one_step_per_epoch() -> None:
+    board = _Recorder()
+    fit(
+        nn.Linear(2, 1),
+        [torch.randn(5, 2)],
+        lambda m, a: m(a).pow(2).mean(),
+        FitConfig(epochs=4, batch_size=2),
+        generator=torch.Generator(),
+        progress=board,
+        description="head",
+    )
+    assert board.tasks == [("head", 4)] and board.advanced == 4
+
+
+def test_refusals_name_the_run_and_the_bad_value() -> None:
+    gen = torch.Generator()
+    with pytest.raises(ConfigError, match=r"^training: nothing to train on \(0 samples\)$"):
+        fit(nn.Linear(1, 1), [torch.zeros(0, 1)], _loss, FitConfig(), generator=gen)
+    with pytest.raises(ConfigError, match=r"^head: tensors of different lengths \[3, 2\]$"):
+        fit(
+            nn.Linear(1, 1),
+            [torch.zeros(3, 1), torch.zeros(2)],
+            _loss,
+            FitConfig(),
+            generator=gen,
+            description="head",
+        )
+    # one sample and one epoch of one-sample batches is the least fit trains on
+    one = FitConfig(epochs=1, batch_size=1)
+    assert (
+        len(fit(nn.Linear(1, 1), [torch.ones(1, 1)], lambda m, a: m(a).sum(), one, generator=gen))
+        == 1
+    )
+    with pytest.raises(ConfigError, match=r"^epochs must be >= 1, got 0$"):
+        FitConfig(epochs=0)
+    with pytest.raises(ConfigError, match=r"^batch_size must be >= 1, got 0$"):
+        FitConfig(batch_size=0)
+    with pytest.raises(ConfigError, match=r"^keep must be one of last, lowest_loss; got 'best'$"):
+        FitConfig(keep="best")
+    assert FitConfig(keep="lowest_loss").keep == "lowest_loss"
+    # the frozen-encoder papers' defaults: Adam at 5e-4, 60 epochs of 256, the last weights
+    d = FitConfig()
+    assert (d.optimizer, d.lr, d.epochs, d.batch_size, d.keep, d.amp) == (
+        "adam",
+        5e-4,
+        60,
+        256,
+        "last",
+        False,
+    )
