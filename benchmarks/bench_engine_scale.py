@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import subprocess
 import sys
@@ -76,10 +75,13 @@ def measure(command: list[str]) -> dict[str, float]:
 
 def rounds_of(out: Path) -> tuple[list[float], float]:
     """Seconds of each round from the FedAvg record's curve, and its accuracy."""
-    record = json.loads((out / "metrics.json").read_text())["records"][0]
-    seconds = [p["seconds"] for p in record["curve"]]
+    # heavy: torch (osfl.report), after the timed runs
+    from osfl.report import read_metrics
+
+    record = read_metrics(out / "metrics.json")["records"][0]
+    seconds = [float(p.seconds or 0.0) for p in record.curve]
     per_round = [seconds[0], *(b - a for a, b in itertools.pairwise(seconds))]
-    return per_round, 100 * record["global_test_accuracy"]
+    return per_round, 100 * float(record.global_test_accuracy or 0.0)
 
 
 def main() -> None:

@@ -119,10 +119,10 @@ def main() -> int:
                 else:
                     wall, rec = run_osfl(args, "simulation" if c == "osfl simulation" else "flower")
                 times[c].append(wall)
-                loop[c].append(rec["time_s"]["total"])
-                acc[c].add(round(rec["global_test_accuracy"], 6))
+                loop[c].append(rec.total_seconds)
+                acc[c].add(round(rec.global_test_accuracy, 6))
                 print(
-                    f"  rep {rep} {c}: {wall:.1f} s, accuracy {rec['global_test_accuracy']:.4f}",
+                    f"  rep {rep} {c}: {wall:.1f} s, accuracy {rec.global_test_accuracy:.4f}",
                     file=sys.stderr,
                 )
     base = statistics.median(times["osfl simulation"])

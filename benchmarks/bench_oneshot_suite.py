@@ -16,7 +16,6 @@ per-method runs and a fresh, empty cache for the suite.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -24,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from osfl.record import ranked_accuracy
+from osfl.report import read_metrics
 
 CONFIG = "configs/oneshot_suite_digits_vit.yaml"
 
@@ -36,8 +35,8 @@ def timed_run(overrides: list[str], out: Path) -> tuple[float, dict[str, float]]
     t0 = time.perf_counter()
     subprocess.run([*cmd, "--no-progress"], check=True, capture_output=True)
     wall = time.perf_counter() - t0
-    records = json.loads((out / "metrics.json").read_text())["records"]
-    return wall, {r["method"]: ranked_accuracy(r) for r in records}
+    records = read_metrics(out / "metrics.json")["records"]
+    return wall, {r.method: r.ranked_accuracy for r in records}
 
 
 def main() -> None:

@@ -18,9 +18,8 @@ import statistics
 from collections import defaultdict
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
-from osfl.record import ranked_accuracy
+from osfl.record import RunRecord
 from osfl.report import read_metrics
 
 KINDS = ("sign_flip", "scale", "max", "random")
@@ -28,18 +27,18 @@ SETTINGS = (("smallest", 1), ("largest", 1), ("smallest", 2), ("largest", 2))
 Attack = tuple[str, str, int] | None
 
 
-def defender(record: Mapping[str, Any]) -> str:
+def defender(record: RunRecord) -> str:
     """Who defends: the server's rule for the weight-averaging methods, else
     the method (with FAFI's fusion)."""
-    if record["method"] == "fedavg":
-        return record["server_rules"]["aggregator"]
-    if record["method"] in ("fafi", "fafi_code"):
-        return f"{record['method']} ({record['method_config']['fusion']})"
-    return str(record["method"])
+    if record.method == "fedavg":
+        return str((record.server_rules or {})["aggregator"])
+    if record.method in ("fafi", "fafi_code"):
+        return f"{record.method} ({(record.method_config or {})['fusion']})"
+    return record.method
 
 
-def attack(record: Mapping[str, Any]) -> Attack:
-    b = record.get("byzantine")
+def attack(record: RunRecord) -> Attack:
+    b = record.extra("byzantine")
     return None if not b else (str(b["kind"]), str(b["pick"]), int(b["count"]))
 
 
@@ -48,7 +47,7 @@ def collect(*run_dirs: str) -> dict[tuple[str, Attack], dict[int, float]]:
     out: dict[tuple[str, Attack], dict[int, float]] = defaultdict(dict)
     for d in run_dirs:
         for r in read_metrics(Path(d) / "metrics.json")["records"]:
-            out[(defender(r), attack(r))][int(r["seed"])] = 100 * float(ranked_accuracy(r))
+            out[(defender(r), attack(r))][r.seed] = 100 * float(r.ranked_accuracy or 0.0)
     return out
 
 
@@ -57,13 +56,14 @@ def cell(values: list[float]) -> str:
     return f"{statistics.mean(values):.1f} ± {sd:.1f}"
 
 
-def tables(per: Mapping[tuple[str, Attack], dict[int, float]], baseline: str) -> str:
-    """A summary (each defender's worst attack per setting, as the gap to the
-    honest ``baseline`` seed by seed; ``own``: to the defender's own honest
-    run) and one table per attacker setting."""
-    seeds = sorted(per[next(d for d, a in per if a is None), None])
-    # a defender run honest only (e.g. the baseline re-run beside a new rule) has no rows
-    defenders = list(dict.fromkeys(d for d, a in per if a is not None))
+def _summary_lines(
+    per: Mapping[tuple[str, Attack], dict[int, float]],
+    defenders: list[str],
+    seeds: list[int],
+    baseline: str,
+) -> list[str]:
+    """Each defender's worst attack per setting, as the gap to the honest
+    ``baseline`` seed by seed (``own``: to the defender's own honest run)."""
 
     def base(d: str) -> dict[int, float]:
         return per[(d if baseline == "own" else baseline, None)]
@@ -86,6 +86,15 @@ def tables(per: Mapping[tuple[str, Attack], dict[int, float]], baseline: str) ->
             worst = min(gaps, key=gaps.__getitem__)
             row.append(f"{gaps[worst]:+.1f} (`{worst}`)")
         lines.append(f"| `{d}` | " + " | ".join(row) + " |")
+    return lines
+
+
+def tables(per: Mapping[tuple[str, Attack], dict[int, float]], baseline: str) -> str:
+    """A summary (:func:`_summary_lines`) and one table per attacker setting."""
+    seeds = sorted(per[next(d for d, a in per if a is None), None])
+    # a defender run honest only (e.g. the baseline re-run beside a new rule) has no rows
+    defenders = list(dict.fromkeys(d for d, a in per if a is not None))
+    lines = _summary_lines(per, defenders, seeds, baseline)
     for p, c in SETTINGS:
         lines += [
             "",

@@ -2,7 +2,7 @@
 
 Every EFTViT record holds the mean of the clients' own models (its
 ``mean_client_accuracy``, each client in ``client_accuracies``) and the
-server's predictor (``server_accuracy``), at the end and, with
+server's predictor (``global_test_accuracy``), at the end and, with
 ``eval_every``, per round (``curve``). This prints, per run directory and
 grid point (client learning rate × Dirichlet β), the final accuracy of both,
 each one's best round on the test set (optimistic: it is chosen by looking
@@ -24,58 +24,70 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from osfl.record import CurvePoint, RunRecord
 from osfl.report import read_metrics
 
 
-def first_reaching(curve: Sequence[Mapping[str, Any]], key: str, target: float) -> int | None:
+def first_reaching(curve: Sequence[CurvePoint], key: str, target: float) -> int | None:
     """The first evaluated round (counted from 1) whose ``key`` reaches ``target``."""
-    return next((int(p["round"]) + 1 for p in curve if p.get(key, -1.0) >= target), None)
-
-
-def best(curve: Sequence[Mapping[str, Any]], key: str) -> tuple[float, int] | None:
-    """The highest ``key`` of the curve (%) and its round (counted from 1)."""
-    points = [p for p in curve if key in p]
-    if not points:
-        return None
-    top = max(points, key=lambda p: p[key])
-    return round(100 * float(top[key]), 2), int(top["round"]) + 1
-
-
-def on_validation(record: Mapping[str, Any]) -> tuple[int, float, float] | None:
-    """The round the validation split chooses (counted from 1), its validation
-    and its test accuracy (%), or None for a run without a validation split."""
-    chosen = record.get("best_on_validation")
-    if not chosen:
-        return None
-    return (
-        int(chosen["round"]) + 1,
-        round(100 * float(chosen["validation_accuracy"]), 2),
-        round(100 * float(chosen["accuracy"]), 2),
+    return next(
+        (p.round + 1 for p in curve if (getattr(p, key) or -1.0) >= target),
+        None,
     )
 
 
-def row(record: Mapping[str, Any], targets: Mapping[float, float]) -> dict[str, Any]:
+def best(curve: Sequence[CurvePoint], key: str) -> tuple[float, int] | None:
+    """The highest ``key`` of the curve (%) and its round (counted from 1)."""
+    points = [p for p in curve if getattr(p, key) is not None]
+    if not points:
+        return None
+    top = max(points, key=lambda p: getattr(p, key))
+    return round(100 * float(getattr(top, key)), 2), top.round + 1
+
+
+def on_validation(record: RunRecord) -> tuple[int, float, float] | None:
+    """The round the validation split chooses (counted from 1), its validation
+    and its test accuracy (%), or None for a run without a validation split
+    (an EFTViT record's: the clients' mean; the server predictor's only for
+    a record without clients' numbers)."""
+    chosen = record.best_on_validation
+    if not chosen:
+        return None
+    val, test = (
+        ("mean_client_validation_accuracy", "mean_client_accuracy")
+        if "mean_client_validation_accuracy" in chosen
+        else ("validation_accuracy", "global_test_accuracy")
+    )
+    return (
+        int(chosen["round"]) + 1,
+        round(100 * float(chosen[val]), 2),
+        round(100 * float(chosen[test]), 2),
+    )
+
+
+def row(record: RunRecord, targets: Mapping[float, float]) -> dict[str, Any]:
     """The values of one EFTViT record (accuracies in %)."""
-    alpha = float(record["partition"]["params"]["alpha"])
-    curve = record.get("curve", [])
+    alpha = float((record.partition or {})["params"]["alpha"])
+    curve = record.curve
+    clients = record.extra("client_accuracies", [])
     out: dict[str, Any] = {
-        "lr": float(record["train"]["lr"]),
+        "lr": float((record.train or {})["lr"]),
         "alpha": alpha,
-        "seed": int(record["seed"]),
-        "clients_mean": round(100 * float(record["mean_client_accuracy"]), 2),
-        "server": round(100 * float(record["server_accuracy"]), 2),
-        "clients": [None if a is None else round(100 * a, 2) for a in record["client_accuracies"]],
-        "clients_not_sampled": record.get("clients_not_sampled", []),
-        "best_clients_mean": best(curve, "accuracy"),
-        "best_server": best(curve, "server_accuracy"),
+        "seed": record.seed,
+        "clients_mean": round(100 * float(record.mean_client_accuracy or 0.0), 2),
+        "server": round(100 * float(record.global_test_accuracy or 0.0), 2),
+        "clients": [None if a is None else round(100 * a, 2) for a in clients],
+        "clients_not_sampled": record.extra("clients_not_sampled", []),
+        "best_clients_mean": best(curve, "mean_client_accuracy"),
+        "best_server": best(curve, "global_test_accuracy"),
         "on_validation": on_validation(record),
-        "rounds": int(record["rounds"]),
+        "rounds": int(record.rounds or 0),
     }
     if alpha in targets:
         target = targets[alpha]
         out["target"] = target
-        out["rounds_to_target_clients_mean"] = first_reaching(curve, "accuracy", target)
-        out["rounds_to_target_server"] = first_reaching(curve, "server_accuracy", target)
+        out["rounds_to_target_clients_mean"] = first_reaching(curve, "mean_client_accuracy", target)
+        out["rounds_to_target_server"] = first_reaching(curve, "global_test_accuracy", target)
     return out
 
 
@@ -84,7 +96,7 @@ def collect(run_dirs: Sequence[str], targets: Mapping[float, float]) -> list[dic
     rows = []
     for d in run_dirs:
         for r in read_metrics(Path(d) / "metrics.json")["records"]:
-            if r["method"] == "eftvit":
+            if r.method == "eftvit":
                 rows.append({"run": Path(d).name, **row(r, targets)})
     return sorted(rows, key=lambda x: (x["alpha"], x["lr"], x["run"], x["seed"]))
 

@@ -13,10 +13,12 @@ options that differ from the method's defaults.
 
 from __future__ import annotations
 
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
+
+from osfl.record import RunRecord
+from osfl.report import read_metrics
 
 ORDER = [
     "local",
@@ -45,21 +47,23 @@ LABELLED = {
 }
 
 
-def point_of(rec: dict) -> str:
-    p = rec.get("partition", {})
+def point_of(rec: RunRecord) -> str:
+    p = rec.partition or {}
     params = p.get("params", {})
     if p.get("scheme") == "pathological":
         return f"#C={params.get('classes_per_client')}"
     return f"alpha={params.get('alpha')}"
 
 
-def method_of(rec: dict) -> str:
-    name = rec["method"]
-    cfg = rec.get("method_config", {})
+def method_of(rec: RunRecord) -> str:
+    name = rec.method
+    cfg = rec.method_config or {}
     tags = [
         str(cfg[k]) if k == "variant" else f"{k}={cfg[k]}"
         for k, default in LABELLED.items()
-        if k in cfg and cfg[k] != default and not (isinstance(cfg[k], list) and cfg[k] == default)
+        if k in cfg
+        and cfg[k] != default
+        and not (isinstance(cfg[k], tuple) and list(cfg[k]) == default)
     ]
     return f"{name}[{', '.join(tags)}]" if tags else name
 
@@ -84,11 +88,10 @@ def main(dirs: list[str]) -> None:
     acc: dict[tuple[str, str], list[float]] = defaultdict(list)
     phases: dict[str, dict] = {}
     for d in dirs:
-        data = json.loads((Path(d) / "metrics.json").read_text())
-        for rec in data["records"]:
+        for rec in read_metrics(Path(d) / "metrics.json")["records"]:
             key = (point_of(rec), method_of(rec))
-            acc[key].append(100 * rec["global_test_accuracy"])
-            server = rec.get("server", {}).get("phases", {})
+            acc[key].append(100 * float(rec.global_test_accuracy or 0.0))
+            server = rec.extra("server", {}).get("phases", {})
             if server.get("flops"):
                 phases[method_of(rec)] = server
     points = sorted({p for p, _ in acc})

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from osfl.methods.fens import FENSConfig
-from osfl.record import ranked_accuracy
+from osfl.record import RunRecord, plain
 from osfl.report import read_metrics
 
 
@@ -36,11 +36,11 @@ def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 DEFAULTS = _flat(dataclasses.asdict(FENSConfig()))
 
 
-def label(record: Mapping[str, Any]) -> str:
+def label(record: RunRecord) -> str:
     """The method, and for FENS the options that differ from its defaults."""
-    if record["method"] != "fens":
-        return str(record["method"])
-    given = _flat(record.get("method_config") or {})
+    if record.method != "fens":
+        return record.method
+    given = _flat(plain(record.method_config or {}))  # the JSON values, lists as lists
     diff = [f"{k}={v}" for k, v in sorted(given.items()) if DEFAULTS.get(k) != v]
     return "fens" + (f"[{', '.join(diff)}]" if diff else "")
 
@@ -52,9 +52,9 @@ def collect(run_dirs: list[str]) -> tuple[dict[str, dict[int, float]], dict[str,
     sent: dict[str, int] = {}
     for d in run_dirs:
         for r in read_metrics(Path(d) / "metrics.json")["records"]:
-            key = f"{Path(d).name}|{label(r)}|{r.get('point') or ''}"
-            acc[key][int(r["seed"])] = round(100 * float(ranked_accuracy(r)), 4)
-            sent[key] = int(r["bytes_up"]) + int(r["bytes_down"])
+            key = f"{Path(d).name}|{label(r)}|{r.point}"
+            acc[key][r.seed] = round(100 * float(r.ranked_accuracy or 0.0), 4)
+            sent[key] = int(r.bytes_up or 0) + int(r.bytes_down or 0)
     return acc, sent
 
 

@@ -35,7 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from osfl.record import ranked_accuracy
+from osfl.report import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,13 +66,12 @@ def _env(level: str) -> dict[str, str]:
 
 def accuracies(metrics: Path) -> dict[str, list[float]]:
     """``point/method`` → the records' accuracies (%) in seed order."""
-    doc = json.loads(metrics.read_text())
     out: dict[str, list[float]] = {}
-    for r in sorted(doc["records"], key=lambda r: r["seed"]):
-        if ranked_accuracy(r) is None:
+    for r in sorted(read_metrics(metrics)["records"], key=lambda r: r.seed):
+        if r.ranked_accuracy is None:
             continue
-        key = f"{r.get('point') or ''}/{r['method']}".lstrip("/")
-        out.setdefault(key, []).append(round(100 * ranked_accuracy(r), 2))
+        key = f"{r.point}/{r.method}".lstrip("/")
+        out.setdefault(key, []).append(round(100 * r.ranked_accuracy, 2))
     return out
 
 

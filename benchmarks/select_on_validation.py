@@ -22,6 +22,12 @@ round and at the round the run's own validation split chose
 ``--per-seed`` writes, per method (and grid point) and candidate, the
 per-seed validation and test accuracies (%), which candidate was chosen and,
 with ``--final``, the chosen setting's seeds.
+
+Which accuracies: the server predictor's (``validation_accuracy``,
+``global_test_accuracy``), or, for a method whose clients keep models of
+their own (EFTViT, ``local``), the clients' own models' mean
+(``mean_client_validation_accuracy``, ``mean_client_accuracy``: what their
+papers evaluate), the same pair the record's ``best_on_validation`` chose on.
 """
 
 from __future__ import annotations
@@ -32,14 +38,23 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
+from osfl.record import RunRecord
 from osfl.report import mean_std_text, read_metrics
 
 
-def choice_key(record: dict) -> str:
+def choice_key(record: RunRecord) -> str:
     """What one choice is made for: the method, and its sweep point if any
     (``fedavg``, ``fedavg @ partition.alpha=0.1``)."""
-    point = record.get("point") or ""
-    return f"{record['method']} @ {point}" if point else record["method"]
+    return f"{record.method} @ {record.point}" if record.point else record.method
+
+
+def accuracies(record: RunRecord) -> tuple[float | None, float | None]:
+    """The validation and test accuracy a choice is made on and reports (see
+    the module docstring): the clients' mean where the record has it."""
+    clients = record.extra("mean_client_validation_accuracy")
+    if record.mean_client_accuracy is not None and clients is not None:
+        return clients, record.mean_client_accuracy
+    return record.extra("validation_accuracy"), record.global_test_accuracy
 
 
 def read_runs(run_dirs: list[str]) -> dict[str, list[dict]]:
@@ -52,16 +67,17 @@ def collect(runs: dict[str, list[dict]]) -> dict[str, dict[str, dict[str, dict[i
     out: dict[str, dict[str, dict[str, dict[int, float]]]] = defaultdict(dict)
     for d, records in runs.items():
         for r in records:
-            if r.get("validation_accuracy") is None:
-                raise SystemExit(f"{d}: {r['method']} has no validation_accuracy "
+            val, test = accuracies(r)
+            if val is None:
+                raise SystemExit(f"{d}: {r.method} has no validation_accuracy "
                                  "(run it with data.validation_fraction > 0)")  # fmt: skip
             cand = out[choice_key(r)].setdefault(d, {"validation": {}, "test": {}})
-            seed = int(r["seed"])
+            seed = r.seed
             if seed in cand["test"]:
                 raise SystemExit(f"{d}: two records of {choice_key(r)}, seed {seed}: a run "
                                  "directory must hold one candidate per choice")  # fmt: skip
-            cand["validation"][seed] = round(100 * float(r["validation_accuracy"]), 4)
-            cand["test"][seed] = round(100 * float(r["global_test_accuracy"]), 4)
+            cand["validation"][seed] = round(100 * float(val), 4)
+            cand["test"][seed] = round(100 * float(test or 0.0), 4)
     return out
 
 
@@ -69,14 +85,15 @@ def cell(values: dict[int, float]) -> str:
     return mean_std_text([values[s] for s in sorted(values)])
 
 
-def seed_values(record: dict) -> tuple[float, float | None, int | None]:
+def seed_values(record: RunRecord) -> tuple[float, float | None, int | None]:
     """Test accuracy (%) at the last round, at the round chosen on validation
     (None without a curve) and that round (counted from 1)."""
-    last = round(100 * float(record["global_test_accuracy"]), 4)
-    chosen = record.get("best_on_validation")
+    last = round(100 * float(accuracies(record)[1] or 0.0), 4)
+    chosen = record.best_on_validation
     if not chosen:
         return last, None, None
-    return last, round(100 * float(chosen["accuracy"]), 4), int(chosen["round"]) + 1
+    test = chosen.get("global_test_accuracy", chosen.get("mean_client_accuracy"))
+    return last, round(100 * float(test), 4), int(chosen["round"]) + 1
 
 
 def final_seeds(
@@ -92,7 +109,7 @@ def final_seeds(
         if key not in choices or (name != choices[key] and name not in finals):
             continue
         entry = out.setdefault(key, {"accuracy": {}, "on_validation": {}, "rounds": {}})
-        seed = str(r["seed"])
+        seed = str(r.seed)
         if seed in entry["accuracy"]:
             raise SystemExit(f"{name}: seed {seed} of {key} twice (grid and final runs)")
         last, at_val, chosen_round = seed_values(r)

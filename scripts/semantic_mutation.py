@@ -31,6 +31,7 @@ A list file::
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
 import shutil
@@ -84,7 +85,12 @@ def apply(bug: Bug, root: Path) -> None:
         raise ValueError(f"{bug.id}: the snippet occurs {n} times in {bug.file} (must be once)")
     if bug.find == bug.replace:
         raise ValueError(f"{bug.id}: the replacement equals the snippet")
-    path.write_text(text.replace(bug.find, bug.replace))
+    mutated = text.replace(bug.find, bug.replace)
+    try:  # a bug that breaks the syntax is "caught" by every test: it proves nothing
+        ast.parse(mutated)
+    except SyntaxError as err:
+        raise ValueError(f"{bug.id}: the bug leaves {bug.file} unparsable ({err.msg})") from None
+    path.write_text(mutated)
 
 
 def run_bug(bug: Bug, timeout: float) -> dict[str, object]:
@@ -133,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copyfile(ROOT / bug.file, Path(tmp) / bug.file)
                 apply(bug, Path(tmp))
                 shutil.copyfile(ROOT / bug.file, Path(tmp) / bug.file)
-        print(f"{len(bugs)} bugs: every snippet occurs once")
+        print(f"{len(bugs)} bugs: every snippet occurs once and every bug parses")
         return 0
     results = []
     for bug in bugs:

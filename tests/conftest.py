@@ -16,7 +16,7 @@ import torch
 from osfl.assembly import SeedContext, build_federation, build_run, load_splits
 from osfl.config import load_config
 from osfl.data.imageset import DataSplits
-from support.tiny import TINY
+from support.tiny import TINY, TINY_SCAFFOLD
 
 torch.set_num_threads(1)
 
@@ -56,3 +56,28 @@ def make_ctx(tiny_data, tmp_path):
         return SeedContext(splits, fed, build_run(c, splits, fed, 0))
 
     return make
+
+
+@pytest.fixture(scope="session")
+def audited_run(tmp_path_factory) -> Any:
+    """A tiny run recorded with an inline audit (``TINY_SCAFFOLD``, two epochs,
+    ``audit=[llg+]``): read by the audit's tests, copied by those that change it."""
+    from osfl.cli import main
+
+    out = tmp_path_factory.mktemp("audited") / "r"
+    argv = ["run", *TINY_SCAFFOLD, "train.epochs=2", "audit=[llg+]", "--out", str(out)]
+    assert main([*argv, "--no-progress"]) == 0
+    return out
+
+
+@pytest.fixture(scope="session")
+def kept_run(tmp_path_factory) -> Any:
+    """One tiny run of fedavg, ensemble and local (which has no server model),
+    with its kept models: read by the kept-model tests, copied by those that damage it."""
+    from osfl.cli import main
+    from support.smoke import tiny_cli_args
+
+    tmp = tmp_path_factory.mktemp("kept")
+    out = tmp / "run"
+    assert main(["run", *tiny_cli_args(tmp, "fedavg,ensemble,local"), "--out", str(out)]) == 0
+    return out

@@ -1,12 +1,12 @@
 """Every run keeps each method's final server model (state, weights, card),
 and :func:`osfl.kept_model.evaluate_run` scores it again, without training,
-to exactly the accuracy its record holds (issue 44)."""
+to exactly the accuracy its record holds (issue 44). The checks of its files
+before anything is loaded are ``tests/test_kept_files.py``'s."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from safetensors.torch import load_file, save
+from safetensors.torch import load_file
 
 from osfl import assembly
 from osfl.cli import main
 from osfl.config import load_config
 from osfl.errors import ConfigError, DataError
-from osfl.fl.state_codec import state_from_bytes, state_to_bytes
+from osfl.fl.state_codec import state_from_bytes
 from osfl.kept_model import (
     CARD_FILE,
     MODEL_FILE,
@@ -29,25 +29,15 @@ from osfl.kept_model import (
     evaluate_run,
     kept_models,
 )
+from support.kept import card, records
 from support.smoke import tiny_cli_args
 
 
-def records(out: Path) -> list[dict]:
-    return json.loads((out / "metrics.json").read_text())["records"]
-
-
-def card(out: Path, slug: str) -> dict:
-    return json.loads((out / "models" / slug / CARD_FILE).read_text())
-
-
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One tiny run of fedavg, ensemble and local (which has no server model)."""
-    tmp = tmp_path_factory.mktemp("kept")
-    out = tmp / "run"
-    args = tiny_cli_args(tmp, "fedavg,ensemble,local")
-    assert main(["run", *args, "--out", str(out)]) == 0
-    return out
+@pytest.fixture
+def run(kept_run: Path) -> Path:
+    """The root conftest's run of fedavg, ensemble and local (which has no
+    server model), read only."""
+    return kept_run
 
 
 @pytest.fixture
@@ -147,28 +137,6 @@ def test_other_data_with_another_class_count_is_refused(run: Path, tmp_path: Pat
     )
 
 
-def test_a_damaged_or_missing_state_is_named_and_never_loaded(copy: Path) -> None:
-    state = copy / "models" / "fedavg-seed0" / STATE_FILE
-    blob = bytearray(state.read_bytes())
-    blob[-1] ^= 0xFF
-    state.write_bytes(bytes(blob))
-    with pytest.raises(DataError, match=r"state\.safetensors is damaged \(its sha256 differs"):
-        evaluate_run(copy, method="fedavg")
-    state.unlink()
-    with pytest.raises(DataError, match=r"state\.safetensors does not exist"):
-        evaluate_run(copy, method="fedavg")
-
-
-def test_a_damaged_card_is_refused(copy: Path) -> None:
-    path = copy / "models" / "ensemble-seed0" / CARD_FILE
-    path.write_text("{not json")
-    with pytest.raises(DataError, match=r"card\.json is not valid JSON"):
-        evaluate_run(copy)
-    path.write_text(json.dumps({**card(copy, "fedavg-seed0"), "seed": "zero"}))
-    with pytest.raises(DataError, match=r"field 'seed' missing or of the wrong type"):
-        evaluate_run(copy)
-
-
 def test_no_models_or_no_model_of_the_method_is_one_clear_error(copy: Path) -> None:
     with pytest.raises(ConfigError) as e:
         evaluate_run(copy, method="local")
@@ -233,122 +201,6 @@ def test_each_grid_point_keeps_its_model(tmp_path: Path) -> None:
     assert all(r.equal for r in rows) and len(want) == 2
 
 
-# --------------------------------------------------------------------------- issue 51
-def _reseal(folder: Path, name: str, blob: bytes, **card_fields) -> None:
-    """Write ``blob`` as ``name`` with a card that vouches for it (new digest
-    and size): what a forger who edits the weights does."""
-    (folder / name).write_bytes(blob)
-    c = json.loads((folder / CARD_FILE).read_text())
-    c["files"][name] = hashlib.sha256(blob).hexdigest()
-    c["sizes"][name] = len(blob)
-    c.update(card_fields)
-    (folder / CARD_FILE).write_text(json.dumps(c))
-
-
-def test_every_file_of_a_kept_model_is_verified(copy: Path) -> None:
-    """The weights file was never checked: a truncated, flipped, deleted or
-    resealed ``model.safetensors`` still gave "equal: yes"."""
-    folder = copy / "models" / "fedavg-seed0"
-    blob = (folder / MODEL_FILE).read_bytes()
-    cases = [
-        (blob[: len(blob) // 2], r"model\.safetensors is damaged \(\d+ bytes, the card says"),
-        (blob[:-1] + bytes([blob[-1] ^ 1]), r"model\.safetensors is damaged \(its sha256"),
-    ]
-    for bad, says in cases:
-        (folder / MODEL_FILE).write_bytes(bad)
-        with pytest.raises(DataError, match=says):
-            evaluate_run(copy, method="fedavg")
-    (folder / MODEL_FILE).unlink()
-    with pytest.raises(DataError, match=r"model\.safetensors does not exist"):
-        evaluate_run(copy, method="fedavg")
-
-
-def test_resealed_weights_are_not_the_model_the_state_rebuilds(copy: Path) -> None:
-    folder = copy / "models" / "fedavg-seed0"
-    weights = load_file(folder / MODEL_FILE)
-    largest = max(weights, key=lambda k: weights[k].numel())
-    weights[largest] = torch.zeros_like(weights[largest])
-    _reseal(folder, MODEL_FILE, save(weights))
-    with pytest.raises(DataError, match=r"model\.safetensors holds other weights than the model"):
-        evaluate_run(copy, method="fedavg")
-
-
-def test_a_resealed_state_and_card_still_disagree_with_metrics_json(copy: Path, capsys) -> None:
-    """The issue's forgery: the largest weight zeroed, state, weights and card
-    resealed with the new accuracy. The card agrees with the model; the
-    record does not, and the command exits 1 saying so."""
-    folder = copy / "models" / "fedavg-seed0"
-    state = state_from_bytes((folder / STATE_FILE).read_bytes())
-    largest = max(state, key=lambda k: state[k].numel())
-    state[largest] = torch.zeros_like(state[largest])
-    _reseal(folder, STATE_FILE, state_to_bytes(state))
-    weights = load_file(folder / MODEL_FILE)  # the predictor's: the model under "model."
-    weights[f"model.{largest}"] = torch.zeros_like(weights[f"model.{largest}"])
-    _reseal(folder, MODEL_FILE, save(weights))
-    (now,) = evaluate_run(copy, method="fedavg", device="cpu")
-    _reseal(folder, MODEL_FILE, save(weights), accuracy=now.accuracy)
-    (row,) = evaluate_run(copy, method="fedavg")
-    recorded = {r["method"]: r for r in records(copy)}["fedavg"]["global_test_accuracy"]
-    assert row.accuracy == row.card_accuracy != row.record_accuracy == recorded
-    assert not row.equal
-    assert row.problems == (
-        "the card's accuracy differs from metrics.json's",
-        "the accuracy now differs from metrics.json's",
-    )
-    capsys.readouterr()
-    assert main(["eval", str(copy), "--method", "fedavg"]) == 1
-    out = capsys.readouterr().out
-    assert "fedavg seed 0 differs: the card's accuracy differs from metrics.json's" in out
-    assert [line.split()[-2] for line in out.splitlines() if "│ fedavg" in line] == ["no"]
-
-
-def test_nothing_outside_the_run_directory_is_followed(copy: Path, run: Path) -> None:
-    models = copy / "models"
-    shutil.rmtree(models)
-    models.symlink_to(run / "models")  # another run's models
-    with pytest.raises(DataError, match=r"models is a symbolic link: refusing to follow it"):
-        evaluate_run(copy)
-    models.unlink()
-    models.mkdir()
-    (models / "fedavg-seed0").symlink_to(run / "models" / "fedavg-seed0")
-    with pytest.raises(DataError, match="is a symbolic link: a kept model must be the run's own"):
-        evaluate_run(copy)
-    (models / "fedavg-seed0").unlink()
-    shutil.copytree(run / "models" / "fedavg-seed0", models / "fedavg-seed0")
-    state = models / "fedavg-seed0" / STATE_FILE
-    state.unlink()
-    state.symlink_to("/dev/zero")  # was a MemoryError
-    with pytest.raises(DataError, match=r"state\.safetensors is a symbolic link"):
-        evaluate_run(copy)
-    state.unlink()
-    os.mkfifo(state)
-    with pytest.raises(DataError, match=r"state\.safetensors is a FIFO \(named pipe\)"):
-        evaluate_run(copy)
-
-
-def test_a_card_cannot_choose_the_task_or_claim_another_model(copy: Path) -> None:
-    """A card's ``sweep`` was applied as config overrides, so a card could set
-    ``data.source``; now it can only name one of config.yaml's grid points."""
-    path = copy / "models" / "fedavg-seed0" / CARD_FILE
-    good = json.loads(path.read_text())
-    path.write_text(json.dumps({**good, "sweep": {"data.source": "imagefolder:/etc"}}))
-    with pytest.raises(DataError, match=r"names grid point 'data\.source=imagefolder:/etc', which"):
-        evaluate_run(copy, method="fedavg")
-    path.write_text(json.dumps({**good, "files": {**good["files"], "../../x": "0" * 64}}))
-    with pytest.raises(DataError, match=r"files must be state\.safetensors"):
-        evaluate_run(copy, method="fedavg")
-    path.write_text(json.dumps(good))
-    shutil.copytree(copy / "models" / "fedavg-seed0", copy / "models" / "fedavg-seed0-copy")
-    with pytest.raises(DataError, match="both claim fedavg seed 0"):
-        evaluate_run(copy)
-    shutil.rmtree(copy / "models" / "fedavg-seed0-copy")
-    doc = json.loads((copy / "metrics.json").read_text())
-    doc["records"] = [r for r in doc["records"] if r["method"] != "fedavg"]
-    (copy / "metrics.json").write_text(json.dumps(doc))
-    with pytest.raises(DataError, match=r"metrics\.json holds no record of fedavg seed 0"):
-        evaluate_run(copy, method="fedavg")
-
-
 def _named_folder(run: Path, root: Path, names: list[str] | None, layout: str) -> Path:
     """The run's test images as an image folder: ``test/<class>/`` alone
     (``layout="test"``) or ``<class>/`` (``""``), classes named ``names``."""
@@ -406,9 +258,3 @@ def test_the_same_names_in_another_order_are_relabelled() -> None:
     mapped = _as_run_classes(other, run, "x")
     assert mapped.classes == ("ant", "bee") and mapped.labels.tolist() == [1, 0, 0]
     assert _as_run_classes(mapped, run, "x") is mapped  # the run's order: untouched
-
-
-def test_new_cards_record_each_files_size(run: Path) -> None:
-    folder = run / "models" / "fedavg-seed0"
-    sizes = card(run, "fedavg-seed0")["sizes"]
-    assert sizes == {f: (folder / f).stat().st_size for f in (STATE_FILE, MODEL_FILE)}

@@ -1,27 +1,29 @@
 """The one place that turns a configuration into working parts.
 
 ``config -> data -> federation -> run context -> method (with its wrappers)
--> job -> runtime`` (a finished job's record: :mod:`osfl.run_record`). ``osfl run``
-(:mod:`osfl.experiment`), the Flower apps (:mod:`osfl.flower.app`) and
+-> job -> runtime`` (a finished job's record: :mod:`osfl.run_record`);
+:func:`build_plan` builds all of a config's parts in one call. ``osfl run``
+(:mod:`osfl.experiment`), the Flower apps (:mod:`osfl.flower_app`) and
 ``osfl audit`` all build through here, so a simulation run, a Flower run and
 a later audit of either see equal data, federations, models, transforms and
 methods. Data flows one way (docs/design.md §3): this module imports the data,
-model, FL-core, method and privacy layers; none of them imports it.
+model, FL-core, method and privacy layers; none of them imports it. It reads
+the configuration; :mod:`osfl.parts` builds each part from what it read, so a
+config value passes through here once on its way down.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
+from osfl import parts
 from osfl.config import (
     ExperimentConfig,
     load_config,
@@ -31,30 +33,26 @@ from osfl.config import (
     to_yaml,
 )
 from osfl.config.loading import default_partitions
-from osfl.data.classes import keep_classes
 from osfl.data.federation import Federation
 from osfl.data.imageset import DataSplits, ImageSet
-from osfl.data.partition import PARTITIONS, make_federation
-from osfl.data.saved_split import load_saved_split
-from osfl.data.sources import DATASETS, load_data
-from osfl.data.transforms import PIPELINES, build_transform, channel_stats
+from osfl.data.partition import PARTITIONS
+from osfl.data.sources import DATASETS
+from osfl.data.transforms import PIPELINES
 from osfl.errors import ConfigError
-from osfl.fl.cache import ClientCache
-from osfl.fl.context import ModelSpec, RunContext
-from osfl.fl.evaluate import evaluate, local_test_accuracy
-from osfl.fl.method import METHODS, Method, give_validation
+from osfl.fl.context import RunContext
+from osfl.fl.evaluate import Evaluator
+from osfl.fl.method import METHODS, Method
 from osfl.fl.progress import Progress
-from osfl.fl.runtime.base import Job, PartitionedData, Runtime
+from osfl.fl.runtime.base import Job, Runtime
 from osfl.fl.runtime.simulation import SimulationRuntime
-from osfl.fl.seeds import derive_seed
 from osfl.fl.train_config import TrainConfig
 from osfl.methods import default_methods  # importing osfl.methods registers every method
 from osfl.models import MODELS
-from osfl.pretrain.card import check_disjoint, pretrained_info
+from osfl.parts import SeedContext
 from osfl.privacy.audit import parse_audit
-from osfl.privacy.defenses import apply_defense, defense_config
+from osfl.privacy.defenses import defense_config
 from osfl.registry import Registry
-from osfl.robustness import apply_byzantine, byzantine_config
+from osfl.robustness import byzantine_config
 
 #: runtime name -> ``factory(cfg) -> Runtime`` (``runtime:`` in a config).
 RUNTIMES: Registry[Callable[[ExperimentConfig], Runtime]] = Registry("runtime")
@@ -147,12 +145,26 @@ def check_names(cfg: ExperimentConfig) -> list[str]:
     model, transforms, runtime, methods and their options, privacy options) so
     that a typo in the last grid point of a sweep fails before the first one
     trains. Returns the resolved method names."""
+    names = _check_registered(cfg)
+    _check_options(cfg)
+    return names
+
+
+def _check_registered(cfg: ExperimentConfig) -> list[str]:
+    """The method names (:func:`method_names`) and every other registry name
+    of ``cfg`` checked; the checks that read nothing but the config."""
+    names = method_names(cfg)
     DATASETS.get(cfg.data.source.partition(":")[0].strip())
     PARTITIONS.get(cfg.partition.scheme)
     MODELS.get(cfg.model.name)
     PIPELINES.get(cfg.transform.train)
     PIPELINES.get(cfg.transform.eval)
     RUNTIMES.get(cfg.runtime)
+    return names
+
+
+def _check_options(cfg: ExperimentConfig) -> None:
+    """The privacy and robustness options, each parsed by its own layer."""
     defense_config(cfg.defense)
     byzantine = byzantine_config(cfg.byzantine)
     if byzantine is not None:
@@ -163,10 +175,11 @@ def check_names(cfg: ExperimentConfig) -> list[str]:
             f"{cfg.partition.num_clients} clients: no round could ever be aggregated"
         )
     parse_audit(cfg.audit)
-    return method_names(cfg)
 
 
-# --------------------------------------------------------------------------- data
+# --------------------------------------------------------------------------- reading
+# Each function below reads one part of the config into the plain request its
+# builder in osfl.parts takes; the builders never see the config.
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -176,257 +189,58 @@ def resolve_device(name: str) -> torch.device:
     return dev
 
 
-def load_splits(cfg: ExperimentConfig) -> DataSplits:
-    """The train/test ImageSets of ``cfg.data`` (only the options that are set),
-    restricted to ``data.classes`` in that label order when it is given."""
+def data_request(cfg: ExperimentConfig) -> parts.DataRequest:
+    """What ``cfg.data`` asks to load (only the options that are set)."""
     d = cfg.data
     named = {"image_size": d.image_size, "channels": d.channels, "max_per_class": d.max_per_class}
     named["cache_dir"] = d.cache_dir
     opts = {k: v for k, v in named.items() if v is not None} | dict(d.options)
-    splits = load_data(d.source, **opts)
-    splits = keep_classes(splits, d.classes, d.source) if d.classes else splits
-    return carve_validation(splits, d.validation_fraction) if d.validation_fraction else splits
+    return parts.DataRequest(d.source, opts, d.classes or None, d.validation_fraction)
 
 
-def carve_validation(splits: DataSplits, fraction: float) -> DataSplits:
-    """``splits`` with ``fraction`` of each class of the train set (rounded
-    half up, at least one where a class has two samples or more) moved to a
-    validation set; the draw is seeded by the data alone, so every run seed
-    and every method sees the same validation samples."""
-    labels = splits.train.labels.numpy()
-    rng = np.random.default_rng(derive_seed(0, "validation", splits.train.fingerprint()))
-    held: list[np.ndarray] = []
-    for c in np.unique(labels):
-        idx = np.flatnonzero(labels == c)
-        n = min(len(idx) - 1, max(1, int(np.floor(fraction * len(idx) + 0.5))))
-        held.append(np.sort(rng.choice(idx, size=n, replace=False)) if n > 0 else idx[:0])
-    val = np.sort(np.concatenate(held))
-    keep = np.setdiff1d(np.arange(len(labels)), val)
-    return dataclasses.replace(
-        splits, train=splits.train.subset(keep), validation=splits.train.subset(val)
-    )
-
-
-def partition_params(cfg: ExperimentConfig) -> dict[str, Any]:
-    """The scheme's parameters: named fields the scheme does not take are left
-    out (``alpha`` means nothing to ``iid``), explicit ``options`` go as given."""
-    scheme = PARTITIONS.get(cfg.partition.scheme)
-    accepted = (
-        {f.name for f in dataclasses.fields(scheme)} if dataclasses.is_dataclass(scheme) else set()
-    )
-    params = cfg.partition.params()
-    explicit = set(cfg.partition.options)
-    return {k: v for k, v in params.items() if k in accepted or k in explicit}
-
-
-def build_federation(cfg: ExperimentConfig, train: ImageSet, seed: int) -> Federation:
-    """The clients' split of ``train`` for ``seed`` (``partition.seed`` pins it),
+def federation_request(cfg: ExperimentConfig) -> parts.FederationRequest:
+    """How ``cfg.partition`` splits the train set (``partition.seed`` pins it),
     cached as JSON under ``cache_dir`` when one is set."""
     p = cfg.partition
-    if p.from_file is not None:  # a saved split, the same for every seed
-        asked, defaults = dataclasses.asdict(p), default_partitions()
-        return load_saved_split(
-            p.from_file, train.labels, train.domains, p.num_clients, asked=asked, defaults=defaults
-        )
-    return make_federation(
-        train.labels,
-        p.scheme,
-        p.num_clients,
-        p.seed if p.seed is not None else seed,
-        domains=train.domains,
-        num_classes=train.num_classes,
+    params = p.scheme_params(_scheme_fields(p.scheme))
+    saved = p.from_file is not None  # a saved split, checked against what was asked
+    return parts.FederationRequest(
+        scheme=p.scheme,
+        num_clients=p.num_clients,
+        params=params,
+        seed=p.seed,
+        from_file=p.from_file,
+        asked=dataclasses.asdict(p) if saved else None,
+        defaults=default_partitions() if saved else (),
         cache_dir=cfg.cache_dir,
-        **partition_params(cfg),
     )
 
 
-def build_transforms(cfg: ExperimentConfig, train: ImageSet | None) -> tuple[Any, Any]:
-    """``(train, eval)`` batched transforms, normalised with ``transform.mean``
-    / ``std`` when given, else with the train set's channel statistics (what
-    every party of a rehearsal computes the same way)."""
-    tf = cfg.transform
-    if (tf.mean is None) != (tf.std is None):
-        raise ConfigError("give both transform.mean and transform.std, or neither")
-    if tf.mean is not None and tf.std is not None:
-        if len(tf.mean) != len(tf.std) or not all(s > 0 for s in tf.std):
-            raise ConfigError(
-                "transform.mean and transform.std need one value per channel, std > 0"
-            )
-        mean, std = tuple(tf.mean), tuple(tf.std)
-    elif train is not None:
-        mean, std = channel_stats(train)
-    else:
-        raise ConfigError(
-            "transform.mean and transform.std are needed where no party holds the whole "
-            "train set (real sites): set them, e.g. transform.mean=[0.5,0.5,0.5] "
-            "transform.std=[0.25,0.25,0.25]"
-        )
-    size = train.image_shape[1] if train is not None else cfg.data.image_size
+def _scheme_fields(name: str) -> set[str]:
+    """The parameters partition scheme ``name`` takes (its dataclass fields)."""
+    scheme = PARTITIONS.get(name)
     return (
-        build_transform(tf.train, image_size=size, mean=mean, std=std),
-        build_transform(tf.eval, image_size=size, mean=mean, std=std),
+        {f.name for f in dataclasses.fields(scheme)} if dataclasses.is_dataclass(scheme) else set()
     )
 
 
-def build_run(
-    cfg: ExperimentConfig,
-    splits: DataSplits,
-    federation: Federation,
-    seed: int,
-    progress: Progress | None = None,
-) -> RunContext:
-    """The RunContext every party of a rehearsal shares (the task read off
-    the train set, transforms normalised with its statistics)."""
-    train = splits.train
-    return run_context(
-        cfg,
-        image_shape=train.image_shape,
-        classes=train.classes,
-        num_clients=len(federation.client_indices),
-        seed=seed,
-        stats_from=train,
-        progress=progress,
-        weights=pretrained_weights(cfg, train),
-    )
-
-
-@functools.lru_cache(maxsize=8)
-def _weights_info(path: str, mtime: float, size: int) -> dict[str, Any]:
-    return pretrained_info(path)
-
-
-def pretrained_weights(cfg: ExperimentConfig, train: ImageSet | None) -> dict[str, Any] | None:
-    """What the run starts from when ``model.kwargs.pretrained`` names a local
-    checkpoint: its path, sha256, size and model card (``osfl pretrain``);
-    with a card and the train set at hand, a task whose data the encoder may
-    have seen (same source and a shared class, or the same images) is refused
-    here, before anything trains. A ``hf-hub:`` id is recorded as given."""
-    path = cfg.model.kwargs.get("pretrained")
-    if not path:
-        return None
-    if str(path).startswith("hf-hub:"):
-        return {"source": str(path)}
-    p = Path(str(path))
-    if not p.is_file():
-        raise ConfigError(f"model.kwargs.pretrained: {str(p)!r} is not a file")
-    stat = p.stat()
-    info = _weights_info(str(p.resolve()), stat.st_mtime, stat.st_size)
-    if info["card"] is not None and train is not None:
-        check_disjoint(info["card"], cfg.data.source, train.classes, train.fingerprint())
-    return info
-
-
-def run_context(
-    cfg: ExperimentConfig,
-    *,
-    image_shape: tuple[int, int, int],
-    classes: tuple[str, ...],
-    num_clients: int,
-    seed: int,
-    stats_from: ImageSet | None,
-    progress: Progress | None = None,
-    weights: Mapping[str, Any] | None = None,
-) -> RunContext:
-    """The RunContext of a task: ``stats_from`` is the set whose channel
-    statistics normalise the inputs when ``transform.mean``/``std`` are not
-    given (``None`` at real sites, where they must be); ``weights``: the
-    pretrained checkpoint's info (:func:`pretrained_weights`)."""
-    c, h, _ = image_shape
-    kwargs = dict(cfg.model.kwargs)
-    kwargs.setdefault("in_chans", c)
-    kwargs.setdefault("img_size", h)
-    if (weights or {}).get("card") is not None:  # its head scores the upstream classes
-        kwargs.setdefault("pretrained_head", "fresh")
-    train_tf, eval_tf = build_transforms(cfg, stats_from)
-    return RunContext(
-        num_classes=len(classes),
-        image_shape=image_shape,
-        num_clients=num_clients,
-        model=ModelSpec(cfg.model.name, kwargs, (weights or {}).get("sha256")),
+def run_request(cfg: ExperimentConfig) -> parts.RunRequest:
+    """The run context's values: model, recipe, transforms, device, cache,
+    the server's public rules."""
+    tf = cfg.transform
+    return parts.RunRequest(
+        model=cfg.model.name,
+        model_kwargs=dict(cfg.model.kwargs),
         train=cfg.train,
-        train_transform=train_tf,
-        eval_transform=eval_tf,
-        seed=seed,
+        train_pipeline=tf.train,
+        eval_pipeline=tf.eval,
+        normalisation=tf.normalisation(),
+        image_size=cfg.data.image_size,
         device=resolve_device(cfg.device),
-        cache=ClientCache(cfg.cache_dir) if cfg.cache_dir else None,
-        progress=progress or Progress(),
+        cache_dir=cfg.cache_dir,
         server=cfg.server,
         secagg=cfg.secagg,
-        classes=tuple(classes),
     )
-
-
-@dataclass
-class SeedContext:
-    """What one seed's runs share: data, federation, run context (a real-sites
-    server has neither the data nor a federation: ``None``)."""
-
-    splits: DataSplits | None
-    federation: Federation | None
-    run: RunContext
-
-
-def seed_context(
-    cfg: ExperimentConfig, splits: DataSplits, seed: int, progress: Progress | None = None
-) -> SeedContext:
-    fed = build_federation(cfg, splits.train, seed)
-    return SeedContext(splits, fed, build_run(cfg, splits, fed, seed, progress))
-
-
-# --------------------------------------------------------------------------- methods
-def build_method(
-    cfg: ExperimentConfig, name: str, run: RunContext, sizes: Sequence[int] | None = None
-) -> Method:
-    """Method ``name`` with its config from ``cfg.method[name]``, wrapped in the
-    config's client-side ``defense`` (clipping + DP noise) when it has one, and
-    in the ``byzantine`` poison of the clients it names or picks from their
-    data ``sizes`` (outermost: a poisoned client does not run the defence
-    honestly)."""
-    cls = METHODS.get(name)
-    rule = cfg.server.aggregator
-    if rule != "mean" and not cls.card.server_rule:
-        raise ConfigError(
-            f"server.aggregator={rule!r} is a rule for combining clients' model weights, and "
-            f"{name} does not combine weights with it; run {name} with server.aggregator=mean "
-            "(its own defences, e.g. server.member_filter for an ensemble or "
-            "method.fafi.fusion=median: docs/robustness.md)"
-        )
-    method = cls(method_config(cls, cfg.method.get(name, {})), run)
-    return apply_byzantine(apply_defense(method, cfg.defense), cfg.byzantine, sizes)
-
-
-def test_evaluator(test: ImageSet, run: RunContext) -> Callable[[Any], dict[str, Any]]:
-    """Accuracy of a predictor on ``test`` (global and per class)."""
-
-    def score(predictor: Any) -> dict[str, Any]:
-        return evaluate(predictor, test, run.eval_transform, run.device).as_dict()
-
-    return score
-
-
-def build_evaluator(cfg: ExperimentConfig, ctx: SeedContext) -> Callable[[Any], dict[str, Any]]:
-    """Test accuracy of a predictor (global, per class; per client's label mix
-    with ``eval_local``)."""
-    on_test = test_evaluator(ctx.splits.test, ctx.run)
-
-    validation = ctx.splits.validation
-
-    def score(predictor: Any) -> dict[str, Any]:
-        test, run = ctx.splits.test, ctx.run
-        res = on_test(predictor)
-        if validation is not None:
-            res["validation_accuracy"] = evaluate(
-                predictor, validation, run.eval_transform, run.device
-            ).accuracy
-        if cfg.eval_local:
-            accs = local_test_accuracy(
-                predictor, test, ctx.federation.class_counts, run.eval_transform, run.device
-            )
-            res["local_test_accuracies"] = accs
-            res["local_test_accuracy"] = float(sum(accs) / len(accs))
-        return res
-
-    return score
 
 
 def train_recipe(cfg: ExperimentConfig, name: str) -> tuple[TrainConfig, dict[str, str]]:
@@ -445,6 +259,99 @@ def train_recipe(cfg: ExperimentConfig, name: str) -> tuple[TrainConfig, dict[st
     return train, {k: w for k, w in where.items() if getattr(train, k) != getattr(cfg.train, k)}
 
 
+def method_request(cfg: ExperimentConfig, name: str) -> parts.MethodRequest:
+    """Method ``name`` as ``cfg`` asks for it: its options (``cfg.method[name]``),
+    its recipe (:func:`train_recipe`), the client-side ``defense`` and
+    ``byzantine`` wrappers; a robust ``server.aggregator`` is refused for a
+    method that does not combine weights with it."""
+    cls = METHODS.get(name)
+    rule = cfg.server.aggregator
+    if rule != "mean" and not cls.card.server_rule:
+        raise ConfigError(
+            f"server.aggregator={rule!r} is a rule for combining clients' model weights, and "
+            f"{name} does not combine weights with it; run {name} with server.aggregator=mean "
+            "(its own defences, e.g. server.member_filter for an ensemble or "
+            "method.fafi.fusion=median: docs/robustness.md)"
+        )
+    train, sources = train_recipe(cfg, name)
+    config = method_config(cls, cfg.method.get(name, {}))
+    return parts.MethodRequest(name, cls, config, train, sources, cfg.defense, cfg.byzantine)
+
+
+# --------------------------------------------------------------------------- one part at a time
+# The front ends that build one part (osfl eval, osfl audit, the Flower apps,
+# the suite's preflight, tests): each reads its part of the config here and
+# builds it in osfl.parts, as build_plan does.
+def load_splits(cfg: ExperimentConfig) -> DataSplits:
+    """The train/test ImageSets of ``cfg.data`` (only the options that are set),
+    restricted to ``data.classes`` in that label order when it is given."""
+    return parts.load_splits(data_request(cfg))
+
+
+def build_federation(cfg: ExperimentConfig, train: ImageSet, seed: int) -> Federation:
+    """The clients' split of ``train`` for ``seed`` (``partition.seed`` pins it)."""
+    return parts.build_federation(federation_request(cfg), train, seed)
+
+
+def build_transforms(cfg: ExperimentConfig, train: ImageSet | None) -> tuple[Any, Any]:
+    """``(train, eval)`` batched transforms (:func:`osfl.parts.build_transforms`)."""
+    return parts.build_transforms(run_request(cfg), train)
+
+
+def pretrained_weights(cfg: ExperimentConfig, train: ImageSet | None) -> dict[str, Any] | None:
+    """The pretrained checkpoint's info (:func:`osfl.parts.pretrained_weights`)."""
+    return parts.pretrained_weights(cfg.model.kwargs.get("pretrained"), cfg.data.source, train)
+
+
+def run_context(cfg: ExperimentConfig, **task: Any) -> RunContext:
+    """The RunContext of a task (:func:`osfl.parts.run_context`; ``task``: its
+    ``image_shape``, ``classes``, ``num_clients``, ``seed``, ``stats_from``,
+    ``progress`` and ``weights``)."""
+    return parts.run_context(run_request(cfg), **task)
+
+
+def build_run(
+    cfg: ExperimentConfig,
+    splits: DataSplits,
+    federation: Federation,
+    seed: int,
+    progress: Progress | None = None,
+) -> RunContext:
+    """The RunContext every party of a rehearsal shares."""
+    train = splits.train
+    return parts.run_context(
+        run_request(cfg),
+        image_shape=train.image_shape,
+        classes=train.classes,
+        num_clients=len(federation.client_indices),
+        seed=seed,
+        stats_from=train,
+        progress=progress,
+        weights=pretrained_weights(cfg, train),
+    )
+
+
+def seed_context(
+    cfg: ExperimentConfig, splits: DataSplits, seed: int, progress: Progress | None = None
+) -> SeedContext:
+    """One seed's federation and run context (:func:`osfl.parts.seed_context`)."""
+    weights = pretrained_weights(cfg, splits.train)
+    fed, run = federation_request(cfg), run_request(cfg)
+    return parts.seed_context(splits, seed, fed, run, weights, progress)
+
+
+def build_method(
+    cfg: ExperimentConfig, name: str, run: RunContext, sizes: Sequence[int] | None = None
+) -> Method:
+    """Method ``name`` on ``run`` with its wrappers (:func:`osfl.parts.build_method`)."""
+    return parts.build_method(method_request(cfg, name), run, sizes)
+
+
+def test_evaluator(test: ImageSet, run: RunContext) -> Evaluator:
+    """Accuracy of a predictor on ``test`` (global and per class)."""
+    return Evaluator(test, run.eval_transform, run.device)
+
+
 def method_run(cfg: ExperimentConfig, name: str, run: RunContext) -> RunContext:
     """``run`` with method ``name``'s local-training recipe (:func:`train_recipe`)."""
     train, _ = train_recipe(cfg, name)
@@ -453,17 +360,84 @@ def method_run(cfg: ExperimentConfig, name: str, run: RunContext) -> RunContext:
 
 def build_job(cfg: ExperimentConfig, name: str, ctx: SeedContext) -> Job:
     """Method ``name`` × the seed of ``ctx``, ready for a runtime."""
-    run = method_run(cfg, name, ctx.run)
-    method = build_method(cfg, name, run, [len(ix) for ix in ctx.federation.client_indices])
-    give_validation(method, ctx.splits.validation)
-    return Job(
-        method=method,
-        run=run,
-        clients=PartitionedData(ctx.splits.train, ctx.federation),
-        seed=ctx.run.seed,
-        evaluator=build_evaluator(cfg, ctx),
-        eval_every=cfg.eval_every,
+    req = method_request(cfg, name)
+    return parts.build_job(req, ctx, eval_local=cfg.eval_local, eval_every=cfg.eval_every)
+
+
+def check_jobs(cfg: ExperimentConfig, jobs: Sequence[Job]) -> None:
+    """What the run asks of every job (:func:`osfl.parts.check_jobs`)."""
+    parts.check_jobs(
+        jobs, train_clients=cfg.train_clients, secagg=cfg.secagg.enabled, server=cfg.server
     )
+
+
+# --------------------------------------------------------------------------- the plan
+@dataclass
+class Plan:
+    """One config's work, built and checked before anything trains: its data,
+    and per seed the federation, run context and one job per method."""
+
+    cfg: ExperimentConfig
+    splits: DataSplits | None  # None: a real-sites server holds no data
+    runtime: Runtime
+    seeds: list[tuple[SeedContext, list[Job]]]
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Everything :func:`build_plan` builds from, read off the config once:
+    the requests of :mod:`osfl.parts`, the run's own knobs and the runtime."""
+
+    cfg: ExperimentConfig  # parallel_clients resolved: the records carry it and the threads
+    data: parts.DataRequest
+    federation: parts.FederationRequest
+    run: parts.RunRequest
+    methods: tuple[parts.MethodRequest, ...]
+    runtime: Runtime
+
+
+def read_config(cfg: ExperimentConfig, runtime: Runtime | None = None) -> Reading:
+    """The one reading of ``cfg`` for a plan: every name checked, each part's
+    request, the runtime (``runtime`` defaults to the config's); the checks
+    that hand an option to its own layer last."""
+    names = _check_registered(cfg)
+    reading = Reading(
+        cfg=resolve_parallel(cfg),
+        data=data_request(cfg),
+        federation=federation_request(cfg),
+        run=run_request(cfg),
+        methods=tuple(method_request(cfg, n) for n in names),
+        runtime=runtime or build_runtime(cfg),
+    )
+    _check_options(cfg)
+    return reading
+
+
+def build_plan(
+    cfg: ExperimentConfig, *, runtime: Runtime | None = None, progress: Progress | None = None
+) -> Plan:
+    """Every part of ``cfg``'s run, each built once: the config read once
+    (:func:`read_config`), then, by :mod:`osfl.parts` from what was read, the
+    data, per seed its federation, run context and one checked job per
+    method. The one call a front end makes to turn a config into work."""
+    r = read_config(cfg, runtime)
+    c = r.cfg
+    splits = parts.load_splits(r.data)
+    weights = parts.pretrained_weights(
+        r.run.model_kwargs.get("pretrained"), r.data.source, splits.train
+    )
+    seeds = []
+    for seed in c.seeds:
+        ctx = parts.seed_context(splits, seed, r.federation, r.run, weights, progress)
+        jobs = [
+            parts.build_job(m, ctx, eval_local=c.eval_local, eval_every=c.eval_every)
+            for m in r.methods
+        ]
+        parts.check_jobs(
+            jobs, train_clients=c.train_clients, secagg=c.secagg.enabled, server=c.server
+        )
+        seeds.append((ctx, jobs))
+    return Plan(c, splits, r.runtime, seeds)
 
 
 # --------------------------------------------------------------------------- Flower

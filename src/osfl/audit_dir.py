@@ -27,7 +27,7 @@ from osfl.privacy.audit import (
     aux_set,
     score_observations,
 )
-from osfl.record import RunRecord
+from osfl.record import RunRecord, plain
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +106,10 @@ def _recording(rec_dir: Path) -> dict[str, Any]:
 def _with_audit(rec: RunRecord, results: Sequence[Mapping[str, Any]]) -> RunRecord:
     """``rec`` with the ``audit`` of each matching result (method, seed, grid
     point) merged in; records read back are immutable, so a new one."""
-    audit, matched = dict(rec.get("audit") or {}), False
+    audit, matched = plain(rec.audit or {}), False
+    which = (rec.method, rec.seed, rec.point)
     for res in results:
-        if all(rec.get(k) == res.get(k) for k in ("method", "seed", "point")):
+        if which == (res.get("method"), res.get("seed"), res.get("point")):
             audit.update(res["audit"])
             matched = True
     return rec.replace(audit=audit) if matched else rec

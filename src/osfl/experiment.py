@@ -18,23 +18,19 @@ import dataclasses
 import logging
 import shutil
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from osfl import assembly
-from osfl.assembly import SeedContext
+from osfl.assembly import Plan, SeedContext, build_plan
 from osfl.config import ExperimentConfig
-from osfl.data.imageset import DataSplits, ImageSet
-from osfl.errors import ConfigError
+from osfl.data.imageset import ImageSet
 from osfl.fl.fingerprint import check_kernel_choice, onednn_isa
-from osfl.fl.method import rounds_of, secure_weighting_of
+from osfl.fl.method import rounds_of
 from osfl.fl.observers import Checkpointer, Observer
 from osfl.fl.progress import Progress, ProgressTask
 from osfl.fl.runtime.base import Job, Runtime
 from osfl.fl.runtime.simulation import SimulationRuntime
 from osfl.fl.runtime.train_only import train_only
-from osfl.fl.secagg_config import secure_refusal
 from osfl.kept_model import MODELS_DIR, keep_model
 from osfl.record import RunRecord
 from osfl.run_record import build_audit, run_record
@@ -130,79 +126,68 @@ def run_method(
         rundir.event("method_start", **context, method_config=dataclasses.asdict(job.method.config))
     cache = job.run.cache
     before = (cache.hits, cache.misses) if cache is not None else None
-    if cfg.train_clients is not None:  # part of the clients, into the cache: no global model
-        result = train_only(
-            job,
-            cfg.train_clients,
-            threads=runtime.pinned_threads() if isinstance(runtime, SimulationRuntime) else None,
-            batch_clients=cfg.batch_clients,
-        )
-    else:
-        result = runtime.execute(job, observers=obs)
+    result = _execute(cfg, job, runtime, obs)
     counts = (cache.hits - before[0], cache.misses - before[1]) if cache and before else None
     record = run_record(cfg, job, result, ctx, context, counts)
     if audit is not None:  # privacy audit: scored on what the server saw
         record = record.replace(audit=audit.finish())
     if rundir is not None:  # before the record is saved: a resumed run keeps both or reruns
-        keep_model(model_dir(rundir, name, seed, context["point"]), cfg, job, result, record)
-        keys = ("global_test_accuracy", "mean_client_accuracy", "bytes_up", "time_s")
-        summary = {k: record[k] for k in (*keys, "trained_clients") if k in record}
-        rundir.event("method_end", **context, **summary)
+        _keep(rundir, cfg, job, result, record, context)
     accuracy = record.ranked_accuracy
     log.info(
         "%s seed %d: accuracy %.4f, %d bytes up, %.1fs",
         name,
         seed,
         float("nan") if accuracy is None else accuracy,
-        record["bytes_up"],
-        record["time_s"]["total"],
+        record.bytes_up,
+        record.total_seconds,
     )
     return record
 
 
-@dataclass
-class Plan:
-    """One config's work, built and checked before anything trains: its data,
-    and per seed the federation, run context and one job per method."""
+def _execute(cfg: ExperimentConfig, job: Job, runtime: Runtime, obs: list[Observer]) -> Any:
+    """The job on ``runtime``, or (``train_clients``) part of its clients
+    trained into the cache, with no global model."""
+    if cfg.train_clients is None:
+        return runtime.execute(job, observers=obs)
+    return train_only(
+        job,
+        cfg.train_clients,
+        threads=runtime.pinned_threads() if isinstance(runtime, SimulationRuntime) else None,
+        batch_clients=cfg.batch_clients,
+    )
 
-    cfg: ExperimentConfig
-    splits: DataSplits | None  # None: a real-sites server holds no data
-    runtime: Runtime
-    seeds: list[tuple[SeedContext, list[Job]]]
+
+def _keep(
+    rundir: RunDir,
+    cfg: ExperimentConfig,
+    job: Job,
+    result: Any,
+    record: RunRecord,
+    context: Mapping[str, Any],
+) -> None:
+    """The job's final server model in ``models/<slug>`` and its ``method_end`` event."""
+    name, seed = job.method.name, job.seed
+    keep_model(model_dir(rundir, name, seed, context["point"]), cfg, job, result, record)
+    keys = ("global_test_accuracy", "mean_client_accuracy", "bytes_up", "time_s")
+    exported = record.to_dict()  # the event holds the record's JSON values
+    summary = {k: exported[k] for k in (*keys, "trained_clients") if k in exported}
+    rundir.event("method_end", **context, **summary)
 
 
 def plan_experiment(
     cfg: ExperimentConfig, *, runtime: Runtime | None = None, progress: Progress | None = None
 ) -> Plan:
     """Load the data, build every seed's federation and run context and every
-    method's job, and run each method's ``check`` — so an incompatible method
-    (e.g. one that needs a ViT, or one that SecAgg+ cannot serve) fails before any client trains and before a
-    run directory is made. ``runtime`` defaults to the config's."""
-    methods = assembly.check_names(cfg)
+    method's job, and run each method's ``check`` (:func:`osfl.assembly.build_plan`)
+    — so an incompatible method (e.g. one that needs a ViT, or one that
+    SecAgg+ cannot serve) fails before any client trains and before a run
+    directory is made. ``runtime`` defaults to the config's."""
     check_kernel_choice()
     # read once here, before client threads run: its oneDNN probe briefly
     # redirects standard output (osfl.fl.fingerprint.onednn_isa)
     onednn_isa()
-    splits = assembly.load_splits(cfg)
-    seeds = []
-    for seed in cfg.seeds:
-        ctx = assembly.seed_context(cfg, splits, seed, progress)
-        jobs = [assembly.build_job(cfg, name, ctx) for name in methods]
-        for job in jobs:
-            job.method.check()
-            if cfg.train_clients is not None and rounds_of(job.method) != 1:
-                raise ConfigError(
-                    f"train_clients trains one-shot clients; {job.method.name} runs "
-                    f"{rounds_of(job.method)} rounds"
-                )
-            if cfg.secagg.enabled:  # every method, before the first one trains
-                why = secure_refusal(job.method.name, secure_weighting_of(job.method), cfg.server)
-                if why is not None:
-                    raise ConfigError(f"secure aggregation: {why}")
-        seeds.append((ctx, jobs))
-    # parallel_clients: auto -> a count; the records carry it and the threads
-    cfg = assembly.resolve_parallel(cfg)
-    return Plan(cfg, splits, runtime or assembly.build_runtime(cfg), seeds)
+    return build_plan(cfg, runtime=runtime, progress=progress)
 
 
 def execute_plan(

@@ -146,7 +146,18 @@ class KeptModel:
 
 
 def _card_problem(card: Any) -> str | None:
-    """Why ``card`` is not a version-1 model card (``None``: it is one)."""
+    """Why ``card`` is not a version-1 model card (``None``: it is one): the
+    first problem of its form, its files, or its sizes and sweep, each
+    checked only once the one before holds."""
+    for check in (_form_problem, _files_problem, _values_problem):
+        why = check(card)
+        if why is not None:
+            return why
+    return None
+
+
+def _form_problem(card: Any) -> str | None:
+    """A card of this format and version, every field of its JSON type."""
     if not isinstance(card, dict) or card.get("format") != CARD_FORMAT:
         return "is not an osfl model card"
     if card.get("version") != CARD_VERSION:
@@ -154,11 +165,23 @@ def _card_problem(card: Any) -> str | None:
     for key, kind in _CARD_FIELDS.items():
         if not isinstance(card.get(key), kind) or isinstance(card.get(key), bool):
             return f"is damaged (field {key!r} missing or of the wrong type)"
+    return None
+
+
+def _files_problem(card: dict[str, Any]) -> str | None:
+    """The state file (and for a model its weights) and nothing else, each
+    with a sha256 the bytes are matched against before anything reads them."""
     files = card["files"]
     if STATE_FILE not in files or set(files) - {STATE_FILE, MODEL_FILE}:
         return f"is damaged (files must be {STATE_FILE} and, for a model, {MODEL_FILE})"
     if not all(isinstance(v, str) and _SHA256.fullmatch(v) for v in files.values()):
         return "is damaged (a file's sha256 is not 64 hex digits)"
+    return None
+
+
+def _values_problem(card: dict[str, Any]) -> str | None:
+    """Byte counts within :data:`MAX_MODEL_BYTES` (they bound the reads) and
+    a sweep of strings (it is matched against the run's)."""
     sizes = card.get("sizes", {})
     if not isinstance(sizes, dict) or not all(
         isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_MODEL_BYTES

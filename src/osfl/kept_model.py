@@ -114,22 +114,22 @@ def keep_model(
     docstring); returns it, or ``None`` when the job has no server model to
     keep (``local``: only the clients' own models; ``train_clients``: no
     state). The folder appears whole or not at all; an older one is replaced."""
-    if result.state is None or record.get("global_test_accuracy") is None:
+    if result.state is None or record.global_test_accuracy is None:
         return None
     blobs = {STATE_FILE: state_to_bytes(result.state)}
     if isinstance(result.predictor, torch.nn.Module):
         blobs[MODEL_FILE] = save(_tensors_of(result.predictor))
-    provenance = record.get("provenance") or {}
+    provenance = record.provenance or {}
     card = {
         "format": CARD_FORMAT,
         "version": CARD_VERSION,
         "method": job.method.name,
         "seed": job.seed,
-        "point": record.get("point", ""),
-        "sweep": dict(record.get("sweep") or {}),
+        "point": record.point,
+        "sweep": dict(record.sweep or {}),
         "config_sha256": config_sha256(cfg),
-        "accuracy": record["global_test_accuracy"],
-        "test_samples": record.get("num_samples"),
+        "accuracy": record.global_test_accuracy,
+        "test_samples": record.num_samples,
         "scored_at": "sites" if job.evaluate_at_clients else "server",
         "cpu_fingerprint": provenance.get("cpu_fingerprint"),
         "device": provenance.get("device"),
@@ -403,9 +403,8 @@ def _rescore(tasks: _Tasks, kept: KeptModel, record: RunRecord, here: str) -> Re
     test = tasks.test_set(cfg, ctx)
     scores = assembly.test_evaluator(test.images, job.run)(predictor)
     accuracy = float(scores["global_test_accuracy"])
-    recorded = record.get("global_test_accuracy")
-    prov = record.get("provenance") or {}
-    held = (prov.get("data") or {}).get("test") if isinstance(prov, Mapping) else None
+    recorded = record.global_test_accuracy
+    held = record.test_set
     compared = tasks.data is None or test.images.fingerprint() == held
     problems = _differences(card, record, accuracy, int(scores["num_samples"]), compared)
     if tasks.data is None and isinstance(held, str) and test.images.fingerprint() != held:
@@ -432,15 +431,15 @@ def _differences(
     """How the card, the record and (on the run's own test images) the
     accuracy now disagree, one phrase each."""
     out = []
-    recorded = record.get("global_test_accuracy")
+    recorded = record.global_test_accuracy
     if card["accuracy"] != recorded:
         out.append("the card's accuracy differs from metrics.json's")
     if compared and accuracy != card["accuracy"]:
         out.append("the accuracy now differs from the card's")
     if compared and accuracy != recorded:
         out.append("the accuracy now differs from metrics.json's")
-    if compared and record.get("num_samples") not in (None, samples):
-        out.append(f"{samples} test images, metrics.json says {record.get('num_samples')}")
+    if compared and record.num_samples not in (None, samples):
+        out.append(f"{samples} test images, metrics.json says {record.num_samples}")
     return out
 
 

@@ -97,12 +97,10 @@ def run_record(
 
 
 def result_metrics(cfg: ExperimentConfig, job: Job, result: RunResult) -> dict[str, Any]:
-    """The runtime's final metrics with the run's warnings, its client-side
-    ``defense`` and ``byzantine`` poison; one meaning of the accuracy: a
-    method whose clients keep their own models (``local``, OwnModels) had the
-    clients' mean as the runtime's ``global_test_accuracy``, and it is only
-    ``mean_client_accuracy`` here: the record's ``global_test_accuracy`` is
-    the server predictor's (``server_accuracy``; ``None``: ``local`` has none)."""
+    """The runtime's final metrics, under the names the runtime gave them
+    (the server predictor's plain, the clients' own models' named for them:
+    :mod:`osfl.fl.own_models`), with the run's warnings, its client-side
+    ``defense`` and ``byzantine`` poison."""
     m = dict(result.metrics)
     m["warnings"] = list(dict.fromkeys(result.warnings))
     if cfg.defense:
@@ -111,8 +109,6 @@ def result_metrics(cfg: ExperimentConfig, job: Job, result: RunResult) -> dict[s
     if poison is not None:  # the clients it chose this seed, not only how it chose them
         chosen = {k: v for k, v in dict(cfg.byzantine).items() if k != "clients"}
         m["byzantine"] = {**dataclasses.asdict(poison), **chosen}
-    if "mean_client_accuracy" in m:
-        m["global_test_accuracy"] = m.get("server_accuracy")
     return m
 
 
@@ -196,25 +192,30 @@ def record_provenance(
     }
 
 
+#: The accuracies a curve point carries where the round's metrics hold them.
+CURVE_ACCURACIES = (
+    "mean_client_accuracy",
+    "validation_accuracy",
+    "mean_client_validation_accuracy",
+)
+
+
 def accuracy_curve(result: RunResult) -> list[dict[str, Any]]:
-    """Each evaluated round's accuracy with the bytes (up + down) and compute
-    seconds (client + server) spent up to the end of that round (and, where
-    measured, its validation accuracy and the server predictor's accuracy of
-    a method whose clients keep their own models)."""
+    """Each evaluated round's accuracies under the names its metrics (and the
+    record) give them: ``global_test_accuracy`` (the server predictor's; null
+    for ``local``), and where measured ``mean_client_accuracy`` and the
+    validation accuracies; with the bytes (up + down) and compute seconds
+    (client + server) spent up to the end of that round."""
     curve, sent, seconds = [], 0, 0.0
     for r in result.rounds:
         sent += r.bytes_up + r.bytes_down
         seconds += r.time_client_s + r.time_server_s
         if "global_test_accuracy" in r.metrics:
-            point = {
-                "round": r.round,
-                "accuracy": r.metrics["global_test_accuracy"],
-                "bytes": sent,
-                "seconds": round(seconds, 4),
-            }
-            for key in ("validation_accuracy", "server_accuracy"):
-                if key in r.metrics:
-                    point[key] = r.metrics[key]
+            point = {"round": r.round, "global_test_accuracy": r.metrics["global_test_accuracy"]}
+            if "mean_client_accuracy" in r.metrics:
+                point["mean_client_accuracy"] = r.metrics["mean_client_accuracy"]
+            point.update(bytes=sent, seconds=round(seconds, 4))
+            point.update({k: r.metrics[k] for k in CURVE_ACCURACIES[1:] if k in r.metrics})
             curve.append(point)
     return curve
 
@@ -222,9 +223,18 @@ def accuracy_curve(result: RunResult) -> list[dict[str, Any]]:
 def best_on_validation(curve: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
     """The evaluated round with the highest validation accuracy (the first of
     equals) and its test accuracy: what a curve that jumps reports beside its
-    final round, chosen without looking at the test set."""
-    scored = [p for p in curve if p.get("validation_accuracy") is not None]
-    if not scored:
-        return None
-    best = max(scored, key=lambda p: p["validation_accuracy"])
-    return {k: best[k] for k in ("round", "validation_accuracy", "accuracy")}
+    final round, chosen without looking at the test set. Where the clients
+    keep models of their own (``local``, EFTViT), their mean
+    (``mean_client_validation_accuracy``, ``mean_client_accuracy``: what
+    their papers evaluate, and what this chose before the names were split);
+    otherwise the server predictor's (``validation_accuracy``,
+    ``global_test_accuracy``). The keys say which."""
+    for val, test in (
+        ("mean_client_validation_accuracy", "mean_client_accuracy"),
+        ("validation_accuracy", "global_test_accuracy"),
+    ):
+        scored = [p for p in curve if p.get(val) is not None]
+        if scored:
+            best = max(scored, key=lambda p: p[val])
+            return {"round": best["round"], val: best[val], test: best[test]}
+    return None

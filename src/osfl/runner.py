@@ -40,7 +40,7 @@ from osfl.errors import ConfigError, DataError
 from osfl.experiment import Plan, execute_plan, plan_experiment, run_context
 from osfl.fl.progress import Progress
 from osfl.privacy.audit import audit_markdown
-from osfl.record import RunRecord
+from osfl.record import RunRecord, typed
 from osfl.rundir import RunDir
 from osfl.trackers import RunInfo, SummaryTable, TrackerGroup, check_installed, round_scalars
 from osfl.trackers.base import flatten
@@ -80,9 +80,9 @@ Announce = Callable[[str], None]
 BoardFactory = Callable[[bool], Progress]
 
 
-def record_key(record: Mapping[str, Any]) -> tuple[str, str, int]:
+def record_key(record: RunRecord) -> tuple[str, str, int]:
     """What identifies a record in a run: grid point, method, seed."""
-    return (str(record.get("point", "")), str(record["method"]), int(record["seed"]))
+    return (record.point, record.method, record.seed)
 
 
 def _stored_config(out: Path) -> str:
@@ -134,7 +134,7 @@ def _show(value: Any) -> str:
     return "unset" if value is _MISSING else json.dumps(value, default=str)
 
 
-def _finished(out: Path) -> list[dict[str, Any]]:
+def _finished(out: Path) -> list[RunRecord]:
     path = out / "metrics.json"
     if not path.exists() and not path.is_symlink():  # a FIFO or a device is read, and refused
         return []
@@ -175,11 +175,13 @@ def check_same_clients(
             )
 
 
-def _clients_differ(record: Mapping[str, Any], cfg: ExperimentConfig, ctx: Any) -> str | None:
+def _clients_differ(
+    record: RunRecord | Mapping[str, Any], cfg: ExperimentConfig, ctx: Any
+) -> str | None:
     """What of the plan's clients differs from ``record``'s (``None``: nothing)."""
     fed = ctx.federation
-    part = record.get("partition")
-    stored = part.get("key") if isinstance(part, Mapping) else None
+    (rec,) = typed([record])
+    stored = (rec.partition or {}).get("key")
     if fed is not None and isinstance(stored, str):
         legacy = cfg.partition.from_file is None and stored == fed.recipe_key()
         if stored != fed.key() and not legacy:
@@ -189,8 +191,7 @@ def _clients_differ(record: Mapping[str, Any], cfg: ExperimentConfig, ctx: Any) 
                 else "the clients' split is another now"
             )
             return f"{source} (partition key {fed.key()}, {stored} in metrics.json)"
-    prov = record.get("provenance")
-    data = prov.get("data") if isinstance(prov, Mapping) else None
+    data = (rec.provenance or {}).get("data")
     if ctx.splits is not None and isinstance(data, Mapping):
         for name in ("train", "test"):
             held = getattr(ctx.splits, name).fingerprint()

@@ -1,11 +1,11 @@
-"""The ``osfl`` command line: run directories, sweeps, partition, list, errors."""
+"""The ``osfl`` commands end to end: run directories, sweeps, partition, list,
+tables and curves, checkpoints, refusals before training (the entry point's
+exit statuses and argument order: ``tests/test_cli.py``)."""
 
 from __future__ import annotations
 
 import io
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +13,7 @@ import pytest
 from osfl.cli import main
 from osfl.config import load_config
 from osfl.data.federation import Federation
-from support.paths import ROOT
+from support.cli import error_line
 from support.smoke import tiny_cli_args
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -21,15 +21,6 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 def tiny(tmp_path: Path) -> list[str]:
     return tiny_cli_args(tmp_path, progress=True)
-
-
-def error_line(capsys, argv: list[str]) -> str:
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("osfl: error: "), err
-    return err[0]
 
 
 def test_list(capsys):
@@ -49,7 +40,7 @@ def test_run_writes_a_complete_run_directory(tmp_path, capsys):
     assert "fedavg" in table and "ensemble" in table and str(out) in table
 
     metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics["schema_version"] == 2  # osfl.record.SCHEMA_VERSION
+    assert metrics["schema_version"] == 3  # osfl.record.SCHEMA_VERSION
     recs = metrics["records"]
     assert [(r["method"], r["seed"]) for r in recs] == [
         ("fedavg", 0),
@@ -94,67 +85,6 @@ def test_sweep_over_alpha(tmp_path, capsys):
     assert load_config(out / "config.yaml").sweep == ["partition.alpha=0.5,2.0"]
 
 
-@pytest.mark.parametrize(
-    ("argv", "needle"),
-    [
-        (["run", "bogus=1"], "valid keys at top level"),
-        (["run", "methods=[nope]"], "unknown method 'nope'"),
-        (["run", "method.fedavg.round=2"], "valid: client_fraction, rounds, weighting"),
-        (["run", "missing.yaml"], "not found"),
-        (["pretrain", "a.yaml", "b.yaml"], "two config files"),  # `run` composes several
-        (["run", str(ROOT / "configs" / "kd_digits.yaml"), "missing.yaml"], "found: missing.yaml"),
-        (["run", "--sweep", "alpha"], "key=v1,v2"),
-        (["run", "--sweep", "model.name=cnn_small,resnet99"], "resnet99"),
-        (["run", "partition.scheme=zipf"], "zipf"),
-        (
-            [
-                "partition",
-                "--dataset",
-                "digits",
-                "--scheme",
-                "zipf",
-                "--clients",
-                "2",
-                "--out",
-                "x.json",
-            ],
-            "zipf",
-        ),
-        (
-            [
-                "partition",
-                "--dataset",
-                "nope",
-                "--scheme",
-                "iid",
-                "--clients",
-                "2",
-                "--out",
-                "x.json",
-            ],
-            "nope",
-        ),
-    ],
-)
-def test_user_errors_exit_2_with_one_line(tmp_path, capsys, monkeypatch, argv, needle):
-    monkeypatch.chdir(tmp_path)
-    line = error_line(capsys, argv)
-    assert needle in line
-
-
-def test_entry_point_exit_status(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "osfl.cli", "run", "train.lr=-1"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=120,
-    )
-    assert proc.returncode == 2
-    assert proc.stderr.strip().startswith("osfl: error:") and "lr" in proc.stderr
-    assert "Traceback" not in proc.stderr
-
-
 def test_partition_command(tmp_path, capsys):
     out, plot = tmp_path / "fed.json", tmp_path / "fed.png"
     argv = ["partition", "--dataset", "digits", "--scheme", "dirichlet", "--alpha", "0.5"]
@@ -193,7 +123,10 @@ def test_report_table_and_curves(tmp_path):
     md = report.summary_markdown(rows, title="t", notes=["n"])
     assert "| fedavg | 2 | 60.00 ± 14.14 |" in md
     assert report.plot_curves(recs, tmp_path / "none.png") is None
-    recs[0]["curve"] = [{"round": 0, "accuracy": 0.3}, {"round": 1, "accuracy": 0.5}]
+    recs[0]["curve"] = [
+        {"round": 0, "global_test_accuracy": 0.3},
+        {"round": 1, "global_test_accuracy": 0.5},
+    ]
     path = report.plot_curves(recs, tmp_path / "curves.png")
     assert path is not None and path.read_bytes()[:8] == PNG
     out = report.write_metrics(tmp_path / "m.json", recs, info={"sweep": []})
@@ -223,28 +156,6 @@ def test_checkpoint_every_saves_the_server_state_per_round(tmp_path) -> None:
     saved = sorted((out / "checkpoints").glob("fedavg-seed0*/round_*.safetensors"))
     assert [p.name for p in saved] == ["round_000.safetensors", "round_001.safetensors"]
     assert load_file(str(saved[-1]))  # a non-empty tensor dict
-
-
-def test_overrides_may_follow_options(tmp_path) -> None:
-    from osfl.cli import main
-
-    out = tmp_path / "run"
-    args = [
-        "run",
-        "configs/default.yaml",
-        "--no-progress",
-        "--out",
-        str(out),
-        "methods=[fedavg]",
-        "train.epochs=1",
-        "partition.num_clients=2",
-        "cache_dir=null",
-    ]
-    assert main(args) in (0, None)
-    assert "fedavg" in (out / "summary.md").read_text()
-    with pytest.raises(SystemExit) as info:
-        main(["run", "--no-progress", "--bogus-flag"])
-    assert info.value.code == 2
 
 
 def test_list_method_prints_its_full_option_tree(capsys) -> None:

@@ -12,18 +12,9 @@ import pytest
 from PIL import Image
 
 from osfl.cli import main
+from support.cli import error_line
 from support.paths import ROOT
 from support.smoke import tiny_cli_args
-
-
-def error_line(capsys, argv: list[str]) -> str:
-    capsys.readouterr()  # what earlier runs in the test logged
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("osfl: error: "), err
-    return err[0]
 
 
 def tiny(tmp_path: Path) -> list[str]:

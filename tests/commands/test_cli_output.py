@@ -74,7 +74,7 @@ def test_every_command_prints_through_one_console(capsys) -> None:
 
 
 def test_flower_lines_lose_their_colour_codes_on_the_way_to_a_file() -> None:
-    from osfl.flower.app.local import plain
+    from osfl.flower_app.local import plain
 
     assert plain("\x1b[92mINFO \x1b[0m:      Starting Flower ServerApp\n") == (
         "INFO :      Starting Flower ServerApp\n"

@@ -14,19 +14,11 @@ import pytest
 
 from osfl.cli import main
 from osfl.commands.common import name_from_file, process_seconds
+from support.cli import error_line
 from support.smoke import tiny_cli_args
 
 #: When this module was imported: the process started before it.
 IMPORTED = time.perf_counter()
-
-
-def error_line(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("osfl: error: "), err
-    return err[0]
 
 
 # --------------------------------------------------------------------------- logger=NAME

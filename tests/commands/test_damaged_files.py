@@ -24,23 +24,9 @@ from torch import nn
 from osfl.cli import main
 from osfl.errors import ConfigError
 from osfl.models.weights import read_state_dict
+from support.tiny import TINY_SCAFFOLD
 
-RUN = [
-    "data.image_size=8",
-    "data.max_per_class=12",
-    "partition.num_clients=3",
-    "partition.alpha=1.0",
-    "partition.min_partition_size=5",
-    "methods=[scaffold]",
-    "method.scaffold.rounds=2",
-    "train.epochs=1",
-    "train.batch_size=8",
-    "train.optimizer=sgd",
-    "train.lr=0.05",
-    "cache_dir=null",
-    "device=cpu",
-    "audit=[llg+]",
-]
+RUN = [*TINY_SCAFFOLD, "train.epochs=1", "audit=[llg+]"]
 WRONG_TYPES: list[Any] = ["x", -1, None, [], {}, 1e308, True, {"a": [1]}, 10**30]
 
 

@@ -45,7 +45,8 @@ def test_the_time_panel_starts_after_the_first_round() -> None:
     """The first method run pays one-time costs (imports, allocations): the
     time panel starts each curve at its first evaluated round."""
     curve = lambda t0: [  # noqa: E731
-        {"round": r, "accuracy": 0.5, "bytes": 0, "seconds": t0 + 2.0 * r} for r in range(3)
+        {"round": r, "global_test_accuracy": 0.5, "bytes": 0, "seconds": t0 + 2.0 * r}
+        for r in range(3)
     ]
     recs = [
         {"method": "fedavg", "seed": 0, "curve": curve(30.0)},  # ran first: 30 s of warm-up

@@ -176,29 +176,3 @@ def test_the_run_itself_is_fine(run, capsys) -> None:
     """The control: the same commands on the untouched run succeed."""
     assert main(["eval", str(run)]) == 0
     assert main(["flower", "status", str(run)]) == 0
-
-
-# --------------------------------------------------------------------------- the shared reader
-def test_the_reader_keeps_inside_its_root_and_off_links(tmp_path) -> None:
-    from osfl.errors import ConfigError, DataError
-    from osfl.safe_read import check_inside, read_bytes, read_text
-
-    root = tmp_path / "root"
-    (root / "sub").mkdir(parents=True)
-    (root / "sub" / "f.txt").write_text("inside")
-    (tmp_path / "outside.txt").write_text("outside")
-    assert check_inside(root / "sub" / "f.txt", root) == (root / "sub" / "f.txt").resolve()
-    with pytest.raises(DataError, match="resolves outside"):
-        check_inside(root / "sub" / ".." / ".." / "outside.txt", root)
-    (root / "link").symlink_to(tmp_path)
-    with pytest.raises(DataError, match=r"link is a symbolic link: refusing to follow it out of"):
-        read_bytes(root / "link" / "outside.txt", max_bytes=100, inside=root)
-    (root / "f-link.txt").symlink_to(tmp_path / "outside.txt")
-    with pytest.raises(ConfigError, match="is a symbolic link: refusing to follow it"):
-        read_text(root / "f-link.txt", max_bytes=100, follow_links=False, error=ConfigError)
-    assert read_text(root / "f-link.txt", max_bytes=100) == "outside"  # a user's own link
-    assert read_text(root / "sub" / "f.txt", max_bytes=6, inside=root) == "inside"
-    with pytest.raises(DataError, match=r"is 6 bytes, more than the 5 bytes"):
-        read_text(root / "sub" / "f.txt", max_bytes=5)
-    (root / "bom.txt").write_bytes(b"\xef\xbb\xbfa: 1\n")
-    assert read_text(root / "bom.txt", max_bytes=100) == "a: 1\n"

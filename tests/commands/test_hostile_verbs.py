@@ -46,7 +46,7 @@ def test_certs_refuses_before_making_or_printing_anything(tmp_path, capsys, args
 
 @needs_cryptography
 def test_certs_accepts_ip_addresses_and_rfc1123_host_names() -> None:
-    from osfl.flower.app.certs import _check_hosts
+    from osfl.flower_app.certs import _check_hosts
 
     assert len(_check_hosts(["10.0.0.5", "::1", "link", "my-host.example.org", "3com.com"])) == 5
 

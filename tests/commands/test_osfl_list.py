@@ -7,22 +7,6 @@ from __future__ import annotations
 import pytest
 
 from osfl.cli import main
-from osfl.errors import ConfigError
-from osfl.registry import Registry, did_you_mean
-
-
-def test_an_unknown_name_suggests_the_closest_ones() -> None:
-    reg: Registry[int] = Registry("method")
-    for n in ("fedavg", "fedprox", "ensemble"):
-        reg.add(n, 0)
-    with pytest.raises(
-        ConfigError, match=r"unknown method 'fedav' \(did you mean 'fedavg'\?\); valid: "
-    ):
-        reg.get("fedav")
-    with pytest.raises(ConfigError) as e:
-        reg.get("zzz")
-    assert "did you mean" not in str(e.value) and "valid: ensemble, fedavg, fedprox" in str(e.value)
-    assert did_you_mean("lrr", ["lr", "momentum"], "train.") == " (did you mean 'train.lr'?)"
 
 
 @pytest.mark.parametrize(

@@ -15,8 +15,7 @@ from osfl.cli import main
 from osfl.config import load_config
 from osfl.data.federation import Federation
 from osfl.errors import ConfigError, DataError
-
-TASK = ["data.max_per_class=20", "partition.min_partition_size=2"]
+from support.tiny import TINY_SAVED_SPLIT
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +39,9 @@ def test_the_saved_split_is_the_run_s_for_every_seed(saved: Path) -> None:
 
 
 def test_a_split_of_other_data_or_clients_is_refused(saved: Path) -> None:
-    cfg = load_config(None, [*TASK, "partition.num_clients=4", f"partition.from_file={saved}"])
+    cfg = load_config(
+        None, [*TINY_SAVED_SPLIT, "partition.num_clients=4", f"partition.from_file={saved}"]
+    )
     with pytest.raises(DataError, match="made on another train set"):
         build_federation(cfg, load_splits(cfg).train, 0)
     cfg = load_config(None, ["partition.num_clients=5", f"partition.from_file={saved}"])

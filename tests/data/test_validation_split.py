@@ -1,8 +1,8 @@
 """Settings are chosen on a validation split carved from the training data,
 never on the test set (issue "Numbers that reproduce"): ``data.validation_fraction``
 holds out a class-stratified share of the train set before the clients' split,
-the same for every seed, and every evaluation reports ``validation_accuracy``;
-a multi-round record names its best round on validation beside its final one."""
+the same for every seed, and every evaluation reports ``validation_accuracy``
+(a multi-round record's best round on validation: ``tests/test_run_record.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import pytest
 from osfl import assembly
 from osfl.config import load_config
 from osfl.errors import ConfigError
-from osfl.experiment import run_experiment
 from support.tiny import TINY_SPLIT
 
 
@@ -29,29 +28,6 @@ def test_the_validation_set_is_stratified_disjoint_and_the_same_for_every_seed()
     train_rows = {bytes(x) for x in splits.train.images.numpy()}
     assert not any(bytes(x) in train_rows for x in val.images.numpy())  # held out, not copied
     assert splits.test.fingerprint() == plain.test.fingerprint()  # the test set is untouched
-
-
-def test_records_carry_validation_accuracy_and_the_best_round() -> None:
-    cfg = load_config(
-        None,
-        [
-            *TINY_SPLIT,
-            "data.validation_fraction=0.2",
-            "methods=[fedavg]",
-            "method.fedavg.rounds=3",
-            "train.epochs=1",
-            "eval_every=1",
-            "progress=false",
-        ],
-    )
-    (record,) = run_experiment(cfg)
-    assert 0.0 <= record["validation_accuracy"] <= 1.0
-    assert all("validation_accuracy" in p for p in record["curve"])
-    best = record["best_on_validation"]
-    assert best["validation_accuracy"] == max(p["validation_accuracy"] for p in record["curve"])
-    assert best["accuracy"] == next(
-        p["accuracy"] for p in record["curve"] if p["round"] == best["round"]
-    )
 
 
 def test_a_bad_fraction_is_refused() -> None:

@@ -3,7 +3,7 @@ function it names must exist (a rename that forgets the page fails here).
 
 What counts as a name, in the page's code spans:
 
-- a path (``fl/runtime/rounds.py``, ``docs/flower.md``, ``flower/app/``),
+- a path (``fl/runtime/rounds.py``, ``docs/flower.md``, ``flower_app/``),
   found under the repository, ``src/``, ``src/osfl/`` or one of its packages;
   a bare file name (``rounds.py``) anywhere under ``src/osfl`` or at the top
   of the repository, or, for what a run writes (``summary.md``), listed in
@@ -186,7 +186,7 @@ IMPORTS_TEST = Path(__file__).with_name("test_imports.py")
 
 def layer_table() -> dict[int, list[str]]:
     """docs/architecture.md's layer table: rank -> the modules its row names
-    (``data/`` -> ``osfl.data``, ``flower/app/`` -> ``osfl.flower.app``)."""
+    (``data/`` -> ``osfl.data``, ``flower_app/`` -> ``osfl.flower_app``)."""
     text = DOC.read_text().split("## Layers", 1)[1].split("\n## ", 1)[0]
     table: dict[int, list[str]] = {}
     for rank, cell in re.findall(r"^\| (\d+) \| ([^|]+) \|", text, flags=re.M):

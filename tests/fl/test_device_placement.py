@@ -75,6 +75,7 @@ from osfl.fl.training import train_local
 from osfl.models import create_model, list_models
 from support.simulated_device import DEVICE_TYPE, OnDevice, PlacementError, simulated_device
 from support.smoke import BASE, one_torch_thread, small_model_kwargs, smoke_context  # noqa: F401  (an autouse fixture)
+from support.tiny import TINY_DEVICE
 
 
 def _on_device(t: torch.Tensor) -> bool:
@@ -237,9 +238,7 @@ def test_an_audited_experiment_runs_on_the_device(monkeypatch) -> None:
     clients one at a time: the simulation's checks are thread-local."""
     from osfl.experiment import run_experiment
 
-    tiny = ["data.image_size=8", "data.max_per_class=10", "partition.num_clients=2",
-            "train.epochs=1", "cache_dir=null", "progress=false", "parallel_clients=1",
-            "methods=[fedavg]", "audit=[llg+,rlu,zlg+]"]  # fmt: skip
+    tiny = [*TINY_DEVICE, "train.epochs=1", "cache_dir=null", "progress=false", "parallel_clients=1", "methods=[fedavg]", "audit=[llg+,rlu,zlg+]"]  # fmt: skip
     cfg = load_config(None, tiny)
     with emulate_device_path():
         (cpu,) = run_experiment(cfg)

@@ -23,24 +23,11 @@ from osfl.privacy import ATTACKS
 from osfl.privacy.audit import AttackSpec, AuditRecorder, aux_set
 from osfl.privacy.audit.scoring import score_observations
 from support.smoke import one_torch_thread  # noqa: F401  (an autouse fixture)
+from support.tiny import TINY_SCAFFOLD
 
 #: a tiny recorded run: digits at 8 px, 3 clients, 2 rounds of SCAFFOLD
 #: (a scheme with history, for RLU), plain SGD
-RUN = [
-    "data.image_size=8",
-    "data.max_per_class=12",
-    "partition.num_clients=3",
-    "partition.alpha=1.0",
-    "partition.min_partition_size=5",
-    "methods=[scaffold]",
-    "method.scaffold.rounds=2",
-    "train.epochs=1",
-    "train.batch_size=8",
-    "train.optimizer=sgd",
-    "train.lr=0.05",
-    "cache_dir=null",
-    "device=cpu",
-]
+RUN = [*TINY_SCAFFOLD, "train.epochs=1"]
 
 
 #: RLU's Monte Carlo draws per class cut from 4,096 to 64 (seconds instead of

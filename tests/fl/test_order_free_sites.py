@@ -21,10 +21,11 @@ from osfl import site_assembly
 from osfl.config import load_config, to_yaml
 from osfl.data.sources import load_data
 from osfl.fl.observers import Observer
-from osfl.flower.app.apps import serve_experiment
 from osfl.flower.client import make_client_app
 from osfl.flower.loopback import LoopbackGrid, loopback_identity
 from osfl.flower.spec import JobSpec
+from osfl.flower_app.apps import serve_experiment
+from support.tiny import TINY_GREY
 
 CLASSES = [str(i) for i in range(10)]
 
@@ -49,12 +50,10 @@ def _cfg(**extra: Any) -> Any:
     return load_config(
         None,
         [
-            "data.image_size=8",
-            "data.channels=1",
+            *TINY_GREY,
             f"data.classes={json.dumps(CLASSES)}",
             "transform.mean=[0.3]",
             "transform.std=[0.3]",
-            "partition.num_clients=3",
             "methods=[fedavg]",
             "method.fedavg.rounds=2",
             "server.aggregator=dnc",

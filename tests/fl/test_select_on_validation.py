@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from osfl.record import RunRecord
 from support.scripts import load_script
 
 
@@ -54,10 +55,39 @@ def test_each_sweep_point_is_chosen_on_validation_alone(tmp_path: Path) -> None:
 
 def test_a_record_without_a_point_is_chosen_by_method(tmp_path: Path) -> None:
     sel = _selector()
-    assert sel.choice_key({"method": "fedavg", "point": ""}) == "fedavg"
-    assert sel.choice_key({"method": "fedavg"}) == "fedavg"
-    key = sel.choice_key({"method": "fedavg", "point": "partition.alpha=0.1"})
-    assert key == "fedavg @ partition.alpha=0.1"
+
+    def key(**r: str) -> str:
+        return sel.choice_key(RunRecord.from_dict({"method": "fedavg", "seed": 0, **r}))
+
+    assert key(point="") == "fedavg"
+    assert key() == "fedavg"
+    assert key(point="partition.alpha=0.1") == "fedavg @ partition.alpha=0.1"
+
+
+def test_clients_own_models_are_chosen_and_reported_on_their_mean(tmp_path: Path) -> None:
+    """A record with clients' own models (EFTViT, version 3 names): its
+    setting is chosen on the clients' validation mean and reports their test
+    mean, never the server predictor's numbers beside them."""
+    sel = _selector()
+
+    def own(val: float, test: float) -> dict:
+        r = {"method": "eftvit", "seed": 0, "global_test_accuracy": 0.99}
+        r |= {"validation_accuracy": 0.99, "mean_client_accuracy": test}
+        r |= {"mean_client_validation_accuracy": val}
+        return r
+
+    def run(name: str, rec: dict) -> str:
+        d = tmp_path / name
+        d.mkdir()
+        (d / "metrics.json").write_text(json.dumps({"schema_version": 3, "records": [rec]}))
+        return str(d)
+
+    a, b = run("lr_a", own(0.6, 0.4)), run("lr_b", own(0.5, 0.9))
+    out = tmp_path / "choice.json"
+    assert sel.main([a, b, "--per-seed", str(out)]) == 0
+    dump = json.loads(out.read_text())["eftvit"]
+    assert dump["chosen"] == "lr_a"
+    assert dump["candidates"]["lr_a"] == {"validation": {"0": 60.0}, "test": {"0": 40.0}}
 
 
 def test_two_records_of_one_choice_and_seed_are_refused(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from osfl.errors import ConfigError, UploadError
+from osfl.errors import UploadError
 from osfl.fl.upload import (
     NUM_SAMPLES,
     Broadcast,
@@ -20,7 +20,6 @@ from osfl.fl.upload import (
     spec_from_state_dict,
     validate,
 )
-from osfl.registry import Registry
 
 _N = {"num_samples": NUM_SAMPLES}
 
@@ -131,16 +130,6 @@ def test_human_bytes() -> None:
     assert human_bytes(512) == "512 B"
     assert human_bytes(1536) == "1.5 KiB"
     assert human_bytes(3 * 1024**2) == "3.0 MiB"
-
-
-def test_registry_refuses_duplicates_and_lists_valid_names() -> None:
-    reg: Registry[int] = Registry("thing")
-    reg.add("Alpha", 1)
-    assert reg.get("alpha") == 1 and "ALPHA" in reg and reg.names() == ["alpha"]
-    with pytest.raises(ValueError, match="duplicate"):
-        reg.add("alpha", 2)
-    with pytest.raises(ConfigError, match="valid: alpha"):
-        reg.get("beta")
 
 
 def _meta_spec() -> UploadSpec:

@@ -31,6 +31,7 @@ from osfl.fl.runtime.client import ClientTurn
 from osfl.fl.runtime.rounds import Inbox
 from osfl.fl.server_config import ServerConfig
 from osfl.fl.upload import META_KEY, Upload
+from support.tiny import TINY_FUZZ
 
 HONEST = (0, 1, 2)
 HOSTILE = (3, 4, 5)
@@ -57,16 +58,7 @@ def round0() -> Round0:
     """A 6-client FedAvg job, its initial state and the honest clients' upload bytes."""
     cfg = load_config(
         None,
-        [
-            "data.image_size=8",
-            "data.max_per_class=30",
-            "partition.num_clients=6",
-            "partition.alpha=1.0",
-            "partition.min_partition_size=5",
-            "methods=[fedavg]",
-            "train.epochs=1",
-            "cache_dir=null",
-        ],
+        [*TINY_FUZZ, "methods=[fedavg]", "train.epochs=1", "cache_dir=null"],
     )
     cfg = dataclasses.replace(cfg, server=ServerConfig(max_update_norm=MAX_UPDATE_NORM))
     ctx = assembly.seed_context(cfg, assembly.load_splits(cfg), 0)

@@ -18,12 +18,12 @@ from osfl.assembly import job_from_spec
 from osfl.errors import ConfigError
 from osfl.fl.runtime.base import Job
 from osfl.flower import engine
-from osfl.flower.app.apps import client_app as deployed_client_app
 from osfl.flower.client import make_client_app
 from osfl.flower.engine import EngineStartError, FlowerEngineRuntime, check_shippable
 from osfl.flower.grid import DiscoveryError, NodesNotConnected, discover_clients
 from osfl.flower.loopback import LoopbackGrid, loopback_identity
 from osfl.flower.spec import JOBS, JobCache, JobSpec, job_digest
+from osfl.flower_app.apps import client_app as deployed_client_app
 from support.flower_toy import toy_job
 
 #: The specs ``counting_builder`` was asked to build, in order.

@@ -20,13 +20,14 @@ from osfl.config import load_config, to_yaml
 from osfl.errors import UploadError
 from osfl.fl.runtime.simulation import SimulationRuntime
 from osfl.fl.server_config import ServerConfig
-from osfl.flower.app.apps import serve_experiment
 from osfl.flower.client import make_client_app
 from osfl.flower.grid import FlowerGridRuntime
 from osfl.flower.loopback import FlowerLoopbackRuntime, LoopbackGrid, loopback_identity
 from osfl.flower.spec import JobSpec
+from osfl.flower_app.apps import serve_experiment
 from osfl.site_assembly import job_for_spec
 from support.flower_toy import toy_job
+from support.tiny import TINY_FAULTS
 
 
 def test_a_client_that_fails_leaves_the_survivors_result() -> None:
@@ -63,16 +64,6 @@ def test_a_site_that_never_connects_counts_as_dropped_out() -> None:
 
 
 # --------------------------------------------------------------------------- restart
-EXPERIMENT = [
-    "data.image_size=8",
-    "data.max_per_class=20",
-    "partition.num_clients=3",
-    "partition.alpha=1.0",
-    "partition.min_partition_size=5",
-    "train.epochs=2",
-    "train.batch_size=16",
-    "cache_dir=null",
-]
 
 
 class _Counting:
@@ -100,7 +91,7 @@ def test_a_stopped_serverapp_resumes_with_the_same_numbers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str, rounds: int
 ) -> None:
     extra = [f"methods=[{method}]"] + ([f"method.fedavg.rounds={rounds}"] if rounds > 1 else [])
-    text = to_yaml(load_config(None, [*EXPERIMENT, *extra]))
+    text = to_yaml(load_config(None, [*TINY_FAULTS, *extra]))
     whole = _serve(JobSpec(experiment=text, out_dir=str(tmp_path / "whole")), _Counting())
 
     cls = type(job_for_spec(JobSpec(experiment=text)).method)
@@ -139,7 +130,7 @@ def test_a_supernode_killed_mid_round_leaves_the_survivors_result(tmp_path: Path
     import time
 
     from osfl.experiment import run_experiment
-    from osfl.flower.app.local import LocalFederation
+    from osfl.flower_app.local import LocalFederation
 
     overrides = ("partition.num_clients=3", "train.epochs=40", "cache_dir=null")
     one = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

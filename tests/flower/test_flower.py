@@ -1,7 +1,7 @@
 """The Flower runtime: wire records, job specs, the ServerApp/ClientApp message
 flow (in-process LoopbackGrid: Flower's real apps and wire encoding, no
-transport) equal to the simulation, refusals, discovery errors, the app
-directory — and, marked slow, real ``flower-superlink`` / ``flower-supernode``
+transport) equal to the simulation, refusals, discovery errors (the app
+directory and the apps' log stream: ``tests/flower_app/``) — and, marked slow, real ``flower-superlink`` / ``flower-supernode``
 processes on loopback launched with ``flwr run``
 (``pytest -m slow tests/flower/test_flower.py``)."""
 
@@ -38,6 +38,7 @@ from osfl.flower.loopback import (
 )
 from osfl.flower.spec import JobSpec, job_digest
 from support.flower_toy import toy_job
+from support.tiny import TINY_FLOWER
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -319,9 +320,7 @@ def test_server_counts_a_missing_reply_as_a_timeout() -> None:
 # --------------------------------------------------------------------------- experiment jobs
 def _tiny_overrides() -> tuple[str, ...]:
     return (
-        "data.image_size=8",
-        "partition.num_clients=3",
-        "partition.alpha=1.0",
+        *TINY_FLOWER,
         "train.steps=2",
         "train.batch_size=16",
         "method.fedavg.rounds=2",
@@ -343,7 +342,7 @@ def test_experiment_server_app_writes_the_simulation_record(
     tmp_path: Path, sim_fedavg_record: dict[str, Any]
 ) -> None:
     from osfl.assembly import job_from_spec
-    from osfl.flower.app.apps import serve_experiment
+    from osfl.flower_app.apps import serve_experiment
 
     spec = JobSpec(method="fedavg", overrides=_tiny_overrides(), out_dir=str(tmp_path / "run"))
     got: list[dict[str, Any]] = []
@@ -367,7 +366,7 @@ def test_experiment_server_app_refuses_to_overwrite_a_run(tmp_path: Path) -> Non
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.json").write_text("{}")
     from osfl.assembly import job_from_spec
-    from osfl.flower.app.apps import server_app
+    from osfl.flower_app.apps import server_app
 
     spec = JobSpec(method="fedavg", overrides=_tiny_overrides(), out_dir=str(tmp_path / "run"))
     grid = LoopbackGrid(make_client_app(job_from_spec), 3, run_config=spec.to_run_config())
@@ -388,39 +387,6 @@ def test_runtime_flower_in_osfl_run_equals_simulation(sim_fedavg_record: dict[st
     sim = sim_fedavg_record
     assert flw["global_test_accuracy"] == sim["global_test_accuracy"]
     assert (flw["bytes_up"], flw["bytes_down"]) == (sim["bytes_up"], sim["bytes_down"])
-
-
-def test_load_experiment_reads_yaml_text_and_refuses_missing_files(tmp_path: Path) -> None:
-    from osfl.assembly import load_experiment
-
-    cfg, name, seed = load_experiment(
-        JobSpec(experiment="methods: [ensemble]\nseeds: [7, 8]\n", overrides=("train.epochs=2",))
-    )
-    assert (name, seed, cfg.train.epochs) == ("ensemble", 7, 2)
-    path = tmp_path / "c.yaml"
-    path.write_text("methods: [fedavg]\n")
-    assert load_experiment(JobSpec(experiment=str(path), seed=2))[1:] == ("fedavg", 2)
-    with pytest.raises(ConfigError, match="neither an existing YAML file nor YAML text"):
-        load_experiment(JobSpec(experiment=str(tmp_path / "missing.yaml")))
-    with pytest.raises(ConfigError, match="unknown method"):
-        load_experiment(JobSpec(method="nope"))
-
-
-# --------------------------------------------------------------------------- the app directory
-def test_written_app_is_a_valid_flower_app(tmp_path: Path) -> None:
-    from flwr.cli.config_utils import load_and_validate
-
-    from osfl.flower.app.app_dir import main
-
-    assert main([str(tmp_path / "app"), "--method", "ensemble", "--seed", "2"]) == 0
-    config, _ = load_and_validate(tmp_path / "app" / "pyproject.toml", check_module=True)
-    run_config = config["tool"]["flwr"]["app"]["config"]
-    assert JobSpec.from_run_config(run_config) == JobSpec(method="ensemble", seed=2)
-    comps = config["tool"]["flwr"]["app"]["components"]
-    assert comps == {
-        "serverapp": "osfl.flower.app.apps:server_app",
-        "clientapp": "osfl.flower.app.apps:client_app",
-    }
 
 
 def test_flower_simulation_without_ray_says_what_to_install(
@@ -448,7 +414,7 @@ def test_real_superlink_and_supernodes_match_simulation(tmp_path: Path) -> None:
     count changes CPU reductions in the last bits)."""
     from osfl.config import load_config
     from osfl.experiment import run_experiment
-    from osfl.flower.app.local import LocalFederation, descendants
+    from osfl.flower_app.local import LocalFederation, descendants
 
     overrides = (
         "partition.num_clients=3",
@@ -545,32 +511,3 @@ def test_the_documented_engine_command_matches_the_simulation(tmp_path: Path) ->
     assert eng["runtime"] == "flower_engine"
     for key in ("global_test_accuracy", "per_class_accuracy", "bytes_up", "bytes_down"):
         assert eng[key] == sim[key], key
-
-
-def test_the_serverapp_stream_does_not_echo_the_run_stopped_line() -> None:
-    """A refused site's reason reaches a Flower user once from the ServerApp
-    (Flower's own one-line log of its exception), not also as the run
-    directory's "run stopped" line; that line stays in run.log."""
-    import logging
-
-    from osfl.flower.app import apps
-
-    logger = logging.getLogger("osfl")
-    kept, level = list(logger.handlers), logger.level
-    for h in kept:
-        logger.removeHandler(h)
-    try:
-        apps._log_to_flower()
-        (handler,) = logger.handlers
-
-        def record(name: str, msg: str) -> logging.LogRecord:
-            return logging.LogRecord(name, logging.ERROR, __file__, 1, msg, (), None)
-
-        assert not handler.filter(record("osfl.rundir", "run stopped: %s: %s (finished ...)"))
-        assert handler.filter(record("osfl.flower.app.apps", "osfl Flower run: fedavg seed 0"))
-    finally:
-        for h in list(logger.handlers):
-            logger.removeHandler(h)
-        for h in kept:
-            logger.addHandler(h)
-        logger.setLevel(level)

@@ -57,6 +57,7 @@ from osfl.flower.secagg_server import (
 )
 from osfl.flower.spec import JobSpec, job_digest
 from support.smoke import one_torch_thread  # noqa: F401  (an autouse fixture)
+from support.tiny import TINY_FLOWER, TINY_GREY
 
 EPS32 = float(torch.finfo(torch.float32).eps)
 
@@ -172,9 +173,7 @@ def fedavg_job(
     cfg = load_config(
         None,
         [
-            "data.image_size=8",
-            "partition.num_clients=3",
-            "partition.alpha=1.0",
+            *TINY_FLOWER,
             "train.epochs=1",
             "methods=[fedavg]",
             f"method.fedavg.weighting={weighting}",
@@ -484,12 +483,10 @@ def test_real_sites_train_under_secaggplus_and_score_the_final_model(site_folder
     cfg = load_config(
         None,
         [
-            "data.image_size=8",
-            "data.channels=1",
+            *TINY_GREY,
             f"data.classes={json.dumps(SITE_CLASSES)}",
             "transform.mean=[0.3]",
             "transform.std=[0.3]",
-            "partition.num_clients=3",
             "methods=[fedavg]",
             "train.epochs=5",
             "train.batch_size=16",
@@ -642,9 +639,7 @@ def test_secagg_enabled_in_a_config_runs_the_rounds_under_secaggplus(cache: Path
     from osfl.experiment import run_experiment
 
     base = [
-        "data.image_size=8",
-        "partition.num_clients=3",
-        "partition.alpha=1.0",
+        *TINY_FLOWER,
         "train.epochs=1",
         "methods=[fedavg]",
         f"cache_dir={cache}",

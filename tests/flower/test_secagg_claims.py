@@ -39,6 +39,7 @@ from osfl.flower.secagg_client import add_secure_train, secure_vector
 from osfl.flower.secagg_server import SecAggPlusTransport
 from osfl.flower.spec import JobSpec, job_digest
 from support.smoke import one_torch_thread  # noqa: F401  (an autouse fixture)
+from support.tiny import TINY_FLOWER
 
 
 class Claims(MethodWrapper, SecureAggregation):
@@ -71,14 +72,7 @@ def _job(cache: Path, **claims: Any) -> Job:
     """One-shot FedAvg, digits 8 px, 3 clients of different sizes (training cached)."""
     cfg = load_config(
         None,
-        [
-            "data.image_size=8",
-            "partition.num_clients=3",
-            "partition.alpha=1.0",
-            "train.epochs=1",
-            "methods=[fedavg]",
-            f"cache_dir={cache}",
-        ],
+        [*TINY_FLOWER, "train.epochs=1", "methods=[fedavg]", f"cache_dir={cache}"],
     )
     job = build_job(cfg, "fedavg", seed_context(cfg, load_splits(cfg), 0))
     job.method = Claims(job.method, **claims)

@@ -20,27 +20,15 @@ import torch
 
 from osfl.config import load_config, to_yaml
 from osfl.errors import ConfigError
-from osfl.flower.app.apps import serve_experiment
 from osfl.flower.claims import KEEP_NODE, REGISTRY, Binding, Claim, ClaimsMismatch, bind, settle
 from osfl.flower.client import make_client_app
 from osfl.flower.loopback import FIRST_NODE_ID, LoopbackGrid, loopback_identity
 from osfl.flower.spec import JobSpec, parse_keep_nodes
+from osfl.flower_app.apps import serve_experiment
 from osfl.site_assembly import job_for_spec
+from support.tiny import TINY_SITE_CLAIMS
 
 A, B, C, D = (FIRST_NODE_ID + i for i in range(4))
-
-EXPERIMENT = [
-    "data.image_size=8",
-    "data.max_per_class=20",
-    "partition.num_clients=3",
-    "partition.alpha=1.0",
-    "partition.min_partition_size=5",
-    "methods=[fedavg]",
-    "method.fedavg.rounds=2",
-    "train.epochs=1",
-    "train.batch_size=16",
-    "cache_dir=null",
-]
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -74,7 +62,7 @@ def _serve(
     tmp_path: Path, out: str, claims: list[int], **spec_kw: Any
 ) -> tuple[dict[str, Any], _Tracking]:
     """A rehearsal whose node ``i`` claims ``claims[i]``."""
-    text = to_yaml(load_config(None, EXPERIMENT))
+    text = to_yaml(load_config(None, TINY_SITE_CLAIMS))
     spec = JobSpec(experiment=text, out_dir=str(tmp_path / out), **spec_kw)
     app = _Tracking()
     grid = LoopbackGrid(

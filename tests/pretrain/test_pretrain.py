@@ -25,8 +25,10 @@ from osfl.pretrain.mae import patchify, sincos_pos_embed
 from osfl.pretrain.objectives import OBJECTIVES, ObjectiveContext
 from osfl.pretrain.probe import C_GRID, fit_linear_probe
 from osfl.pretrain.train import build_encoder, pretrain
+from support.cli import error_line
 from support.paths import ROOT
 from support.pretrain import KWARGS, TINY_PRETRAIN, digits_upstream, tiny_cfg
+from support.tiny import TINY_PRETRAINED_FIVE, TINY_PRETRAINED_RUN
 
 MODEL_KW = {"img_size": 8, "patch_size": 2, "depth": 1, "embed_dim": 32, "num_heads": 2}
 
@@ -46,15 +48,6 @@ def write_imagefolder(root: Path, classes: tuple[str, ...] = ("ant", "bee")) -> 
 def run_config(path: Path, source: str, image_size: int = 8) -> Path:
     path.write_text(f"data:\n  source: {source}\n  image_size: {image_size}\n")
     return path
-
-
-def error_line(capsys, argv: list[str]) -> str:
-    with pytest.raises(SystemExit) as e:
-        main(argv)
-    assert e.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("osfl: error: "), err
-    return err[0]
 
 
 # --------------------------------------------------------------------------- the command
@@ -409,12 +402,9 @@ def test_a_run_from_the_encoder_is_checked_and_records_it(cli_run, tmp_path, cap
     kwargs = KWARGS.rstrip("}") + f", pretrained: {out}}}"
     args = [
         "run",
-        "model.name=vit_tiny_patch2_16",
+        *TINY_PRETRAINED_RUN,
         f"model.kwargs={kwargs}",
-        "data.image_size=8",
-        "data.max_per_class=30",
         "methods=[fedavg]",
-        "partition.num_clients=2",
         "train.epochs=1",
         "cache_dir=null",
         "--no-progress",
@@ -441,14 +431,7 @@ def test_a_run_from_an_encoder_gets_a_fresh_head_even_with_as_many_classes(cli_r
     kwargs = KWARGS.rstrip("}") + f", pretrained: {out}}}"
     cfg = load_config(
         None,
-        [
-            "model.name=vit_tiny_patch2_16",
-            f"model.kwargs={kwargs}",
-            "data.image_size=8",
-            "data.max_per_class=30",
-            "data.classes=[5,6,7,8,9]",
-            "cache_dir=null",
-        ],
+        [*TINY_PRETRAINED_FIVE, f"model.kwargs={kwargs}", "cache_dir=null"],
     )
     ctx = assembly.seed_context(cfg, assembly.load_splits(cfg), 0)
     model = ctx.run.model.build(ctx.run.num_classes)

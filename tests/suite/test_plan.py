@@ -32,6 +32,7 @@ from osfl.suite.plan import Planned, make_plan
 from osfl.suite.preview import preview_leases, preview_text
 from osfl.suite.pricing import Pricing
 from osfl.suite.steps import MARGIN, Step, Work
+from support.suite_fakes import mfu_command
 
 #: Rates like an H100's on today's training path (ResNet-18 CIFAR well under
 #: the issue's 45,000 images/s target; ViT-S/16 as the first lease's encoder
@@ -246,13 +247,7 @@ def test_each_command_leaves_a_tenth_of_its_budget_unplanned(tmp_path: Path) -> 
     assert lease_capacities(10, 90.0) == pytest.approx([396.0, 162.0])
     now = [0.0]
 
-    def command(argv):
-        out = Path(argv[argv.index("--out") + 1])
-        out.mkdir(parents=True)
-        (out / "mfu.json").write_text(json.dumps({"model": "m", "dtype": "bf16", "batch": 1,
-                                                  "mfu": 0.5, "achieved_tflops": 1.0,
-                                                  "provenance": {}}))  # fmt: skip
-        return 0
+    command = mfu_command
 
     def preflight(mode, scripts):
         now[0] += 12.0  # the preflight's seconds count

@@ -25,6 +25,7 @@ from osfl.suite.steps import Step, Work
 from support.paths import ROOT
 from support.simulated_device import DEVICE_TYPE, simulated_device
 from support.smoke import one_torch_thread  # noqa: F401  (an autouse fixture)
+from support.suite_fakes import mfu_command
 
 RATES = {"decode": 1.0, "startup_s": 0.0, "resnet18_32": 1.0, "vits16_224": 1.0, "resize_224": 1.0}
 
@@ -129,13 +130,7 @@ def test_a_passed_preflight_is_not_run_again_in_the_later_command(tmp_path: Path
     step = Step(name="one", section="s", kind="mfu", argv=("suite", "mfu", "--out", "{out}"),
                 tiny=(), work=Work({"decode": 1.0}))  # fmt: skip
 
-    def command(argv):
-        out = Path(argv[argv.index("--out") + 1])
-        out.mkdir(parents=True)
-        (out / "mfu.json").write_text(json.dumps({"model": "m", "dtype": "bf16", "batch": 1,
-                                                  "mfu": 0.5, "achieved_tflops": 1.0,
-                                                  "provenance": {}}))  # fmt: skip
-        return 0
+    command = mfu_command
 
     for _ in range(2):
         req = SuiteRequest(out=tmp_path, budget_min=5, steps=[step], rates=RATES, preflight="all")

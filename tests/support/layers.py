@@ -8,7 +8,7 @@ from __future__ import annotations
 LAYERS: list[tuple[str, int]] = [
     ("osfl.cli", 10),
     ("osfl.commands", 10),
-    ("osfl.flower.app", 10),
+    ("osfl.flower_app", 10),
     ("osfl.runner", 9),
     ("osfl.suite", 9),
     ("osfl.experiment", 8),
@@ -23,6 +23,7 @@ LAYERS: list[tuple[str, int]] = [
     ("osfl.privacy", 6),
     ("osfl.pretrain", 6),
     ("osfl.robustness", 6),
+    ("osfl.parts", 6),
     ("osfl.config", 5),
     ("osfl.report", 5),
     ("osfl.scoreboard", 5),

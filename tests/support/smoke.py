@@ -18,6 +18,7 @@ import osfl.methods  # noqa: F401  (registers the methods)
 from osfl import assembly
 from osfl.config import ExperimentConfig, load_config
 from osfl.data.imageset import DataSplits
+from osfl.fl.context import ClientContext, ClientState
 from osfl.fl.method import METHODS, MethodWrapper
 from osfl.fl.runtime.base import Job
 from osfl.fl.runtime.simulation import SimulationRuntime
@@ -66,6 +67,18 @@ class _FirstAggregate(Exception):
 class _StopAtAggregate(MethodWrapper):
     def aggregate(self, state: Any, uploads: Mapping[int, Upload], round: int) -> Any:
         raise _FirstAggregate(copy.deepcopy(state), uploads)
+
+
+def smoke_job(name: str, *extra: str) -> Job:
+    """Method ``name``'s job on its smoke recipe over ``BASE`` (plus ``extra``
+    overrides): what a mechanism test drives step by step."""
+    cfg = load_config(None, [*BASE, *METHODS.get(name).card.smoke, f"methods=[{name}]", *extra])
+    return assembly.build_job(cfg, name, smoke_context(cfg))
+
+
+def client_ctx(job: Job, client: int, round: int, state: ClientState) -> ClientContext:
+    """Client ``client``'s context in ``round``, seeded by the round."""
+    return ClientContext(job.run, client, round, torch.Generator().manual_seed(round), state)
 
 
 def first_aggregation(job: Job) -> tuple[Any, dict[int, Upload]]:

@@ -116,6 +116,22 @@ TINY_RECORD = [
     "cache_dir=null",
     "progress=false",
 ]
+# digits at 8 px, 3 clients, 2 rounds of SCAFFOLD with plain SGD: the audited
+# run (the label attacks read its recorded observations); its users add the epochs
+TINY_SCAFFOLD = [
+    "data.image_size=8",
+    "data.max_per_class=12",
+    "partition.num_clients=3",
+    "partition.alpha=1.0",
+    "partition.min_partition_size=5",
+    "methods=[scaffold]",
+    "method.scaffold.rounds=2",
+    "train.batch_size=8",
+    "train.optimizer=sgd",
+    "train.lr=0.05",
+    "cache_dir=null",
+    "device=cpu",
+]
 TINY_SPLIT = [
     "data.image_size=8",
     "data.max_per_class=20",
@@ -130,6 +146,170 @@ TINY_FLOWER_SECURITY = (
     "train.epochs=1",
     "cache_dir=null",
 )
+
+
+# two clients of a width-4 CNN, fedavg and ensemble: a run stopped and resumed
+# (tests/test_runner.py)
+TINY_RESUME = [
+    "data.image_size=8",
+    "partition.num_clients=2",
+    "model.kwargs={width: 4}",
+    "train.epochs=1",
+    "train.batch_size=64",
+    "methods=[fedavg,ensemble]",
+    "threads_per_client=1",
+]
+
+
+# three clients at 8 px, two epochs: a Flower run whose processes are stopped
+# (tests/flower/test_faults.py)
+TINY_FAULTS = [
+    "data.image_size=8",
+    "data.max_per_class=20",
+    "partition.num_clients=3",
+    "partition.alpha=1.0",
+    "partition.min_partition_size=5",
+    "train.epochs=2",
+    "train.batch_size=16",
+    "cache_dir=null",
+]
+
+
+# three clients at 8 px, two rounds of fedavg: a Flower run whose nodes claim
+# another site (tests/flower/test_site_claims.py)
+TINY_SITE_CLAIMS = [
+    "data.image_size=8",
+    "data.max_per_class=20",
+    "partition.num_clients=3",
+    "partition.alpha=1.0",
+    "partition.min_partition_size=5",
+    "methods=[fedavg]",
+    "method.fedavg.rounds=2",
+    "train.epochs=1",
+    "train.batch_size=16",
+    "cache_dir=null",
+]
+
+
+# FedMITR's end-to-end task: a one-block grey-scale ViT on 8-px digits, three
+# clients, ten AdamW epochs (tests/methods/fedmitr/test_method.py)
+TINY_FEDMITR = [
+    "partition.num_clients=3",
+    "partition.alpha=1.0",
+    "train.epochs=10",
+    "train.optimizer=adamw",
+    "train.lr=0.003",
+    "train.weight_decay=0.01",
+    "data.image_size=8",
+    "model.name=vit_tiny_patch2_16",
+    "model.kwargs={img_size: 8, in_chans: 1, depth: 1, embed_dim: 32, num_heads: 2}",
+    "progress=false",
+    "device=cpu",
+]
+
+
+# FedMITR's options task: a narrower one-block ViT, two clients, one epoch
+# (tests/methods/fedmitr/test_options.py)
+TINY_FEDMITR_OPTIONS = [
+    "partition.num_clients=2",
+    "partition.alpha=1.0",
+    "data.max_per_class=20",
+    "train.epochs=1",
+    "train.optimizer=adamw",
+    "data.image_size=8",
+    "model.name=vit_tiny_patch2_16",
+    "model.kwargs={img_size: 8, in_chans: 1, depth: 1, embed_dim: 16, num_heads: 2}",
+    "progress=false",
+    "device=cpu",
+    "cache_dir=null",
+]
+
+
+# the server-distillation methods' task: three clients at 8 px, eight epochs
+# (tests/methods/kd/test_methods.py)
+TINY_KD = [
+    "partition.num_clients=3",
+    "partition.alpha=1.0",
+    "train.epochs=8",
+    "data.image_size=8",
+    "progress=false",
+    "device=cpu",
+]
+
+
+# the saved-split task: 20 images a class, partitions of two at least
+# (tests/data/test_saved_split.py)
+TINY_SAVED_SPLIT = ["data.max_per_class=20", "partition.min_partition_size=2"]
+
+# grey 8-px digits (one channel), three clients: the real sites' and
+# SecAgg+'s runs, normalised by their own transform.mean/std
+TINY_GREY = ["data.image_size=8", "data.channels=1", "partition.num_clients=3"]
+# two clients, 10 images a class: an audited run on the (simulated) device
+TINY_DEVICE = ["data.image_size=8", "data.max_per_class=10", "partition.num_clients=2"]
+# six clients, 30 images a class: uploads fuzzed in a real round
+TINY_FUZZ = [
+    "data.image_size=8",
+    "data.max_per_class=30",
+    "partition.num_clients=6",
+    "partition.alpha=1.0",
+    "partition.min_partition_size=5",
+]
+# three clients at 8 px: Flower's loopback and SecAgg+ runs
+TINY_FLOWER = ["data.image_size=8", "partition.num_clients=3", "partition.alpha=1.0"]
+# FAFI end to end: the width-8 CNN at 8 px, alpha 0.5
+TINY_FAFI_E2E = ["data.image_size=8", "model.kwargs={width: 8}", "partition.alpha=0.5"]
+# FAFI's code variant: three clients, 30 images a class
+TINY_FAFI_CODE = [
+    "data.image_size=8",
+    "data.max_per_class=30",
+    "model.kwargs={width: 8}",
+    "partition.num_clients=3",
+    "partition.alpha=1.0",
+]
+# FAFI's held prototypes: three clients split at alpha 0.1 (absent classes)
+TINY_FAFI_SKEWED = [
+    "data.image_size=8",
+    "data.max_per_class=20",
+    "model.kwargs={width: 8}",
+    "partition.num_clients=3",
+    "partition.alpha=0.1",
+    "partition.min_partition_size=5",
+]
+# the baselines that must beat chance: 16-px digits, four clients
+TINY_BASELINES = [
+    "data.image_size=16",
+    "data.max_per_class=50",
+    "partition.num_clients=4",
+    "partition.alpha=0.5",
+]
+# a federated run from a pretrained ViT encoder: two clients at 8 px
+TINY_PRETRAINED_RUN = [
+    "model.name=vit_tiny_patch2_16",
+    "data.image_size=8",
+    "data.max_per_class=30",
+    "partition.num_clients=2",
+]
+# a ViT run on five of the ten digits (as many classes as the encoder's head)
+TINY_PRETRAINED_FIVE = [
+    "model.name=vit_tiny_patch2_16",
+    "data.image_size=8",
+    "data.max_per_class=30",
+    "data.classes=[5,6,7,8,9]",
+]
+# 8 images a class: the run whose command line the record keeps
+TINY_COMMAND_LINE = [
+    "data.max_per_class=8",
+    "partition.alpha=1.0",
+    "partition.min_partition_size=2",
+]
+# two clients, 10 images a class: several seeds run one after another
+TINY_TWO_CLIENTS = [
+    "data.image_size=8",
+    "data.max_per_class=10",
+    "partition.num_clients=2",
+    "partition.alpha=1.0",
+    "partition.min_partition_size=2",
+]
 
 
 def load_tiny(overrides: list[str]) -> tuple[Any, Any]:

@@ -31,8 +31,9 @@ def test_a_tag_names_the_grid_point_method_and_seed() -> None:
 
 
 def test_a_round_gives_its_accuracy_metrics_and_counters() -> None:
-    """``global_test_accuracy`` is ``accuracy`` (the record's curve's name); the
-    test set's size, lists and non-finite numbers are no curve."""
+    """Each accuracy under the round event's (and the curve's) name, and
+    ``accuracy``, the one the tables rank (the server predictor's); the test
+    set's size, lists and non-finite numbers are no curve."""
     round_record = {
         "round": 4,
         "clients": [0, 1],
@@ -52,6 +53,7 @@ def test_a_round_gives_its_accuracy_metrics_and_counters() -> None:
     }
     assert round_scalars(round_record) == {
         "accuracy": 0.625,
+        "global_test_accuracy": 0.625,
         "validation_accuracy": 0.5,
         "bytes_up": 100.0,
         "bytes_down": 50.0,
@@ -60,6 +62,21 @@ def test_a_round_gives_its_accuracy_metrics_and_counters() -> None:
         "time_server_s": 0.25,
     }
     assert round_scalars({"round": 0}) == {}
+
+
+def test_a_rounds_clients_mean_is_its_own_scalar() -> None:
+    """EFTViT (clients' own models beside a server predictor): the server's
+    accuracy is ``global_test_accuracy`` and ``accuracy``, the clients' mean
+    only ``mean_client_accuracy``; ``local`` (no server predictor, a null
+    ``global_test_accuracy``) ranks the clients' mean."""
+    own = {"round": 1, "metrics": {"global_test_accuracy": 0.25, "mean_client_accuracy": 0.5}}
+    assert round_scalars(own) == {
+        "accuracy": 0.25,
+        "global_test_accuracy": 0.25,
+        "mean_client_accuracy": 0.5,
+    }
+    local = {"round": 0, "metrics": {"global_test_accuracy": None, "mean_client_accuracy": 0.5}}
+    assert round_scalars(local) == {"accuracy": 0.5, "mean_client_accuracy": 0.5}
 
 
 def test_a_record_gives_what_the_tables_rank() -> None:

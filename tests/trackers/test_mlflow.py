@@ -45,7 +45,7 @@ def test_the_run_holds_the_config_curves_finals_and_summary(tmp_path: Path) -> N
     assert params["methods"] == '["fedavg", "local"]' and params["logger"] == '["mlflow"]'
     fedavg, local = records["fedavg"], records["local"]
     assert _history(client, run_id, "fedavg/seed0/accuracy") == [
-        (p["round"], p["accuracy"]) for p in fedavg["curve"]
+        (p["round"], p["global_test_accuracy"]) for p in fedavg["curve"]
     ]
     assert _history(client, run_id, "fedavg/seed0/final/accuracy") == [
         (2, fedavg["global_test_accuracy"])

@@ -56,13 +56,14 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_every_rounds_accuracy_is_the_records_curve(run: Path) -> None:
-    """FedAvg's three rounds: ``fedavg/seed0/accuracy`` at steps 0, 1, 2 is the
-    record's ``curve``, value for value."""
+    """FedAvg's three rounds: ``fedavg/seed0/accuracy`` (the ranked one) and
+    ``fedavg/seed0/global_test_accuracy`` at steps 0, 1, 2 are the record's
+    ``curve``, value for value, under the curve's name."""
     fedavg = records_by_method(run)["fedavg"]
     assert [p["round"] for p in fedavg["curve"]] == [0, 1, 2]
-    assert _scalars(_events(run), "fedavg/seed0/accuracy") == [
-        (p["round"], _f32(p["accuracy"])) for p in fedavg["curve"]
-    ]
+    curve = [(p["round"], _f32(p["global_test_accuracy"])) for p in fedavg["curve"]]
+    assert _scalars(_events(run), "fedavg/seed0/accuracy") == curve
+    assert _scalars(_events(run), "fedavg/seed0/global_test_accuracy") == curve
 
 
 def test_every_record_logs_its_final_numbers_at_its_last_round(run: Path) -> None:

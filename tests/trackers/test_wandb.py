@@ -83,7 +83,7 @@ def test_one_wandb_run_gets_the_config_rounds_finals_and_table(
     fedavg, local = doc["records"][0], doc["records"][1]
     *rounds, last = run.logged
     assert [(r["fedavg/seed0/round"], r["fedavg/seed0/accuracy"]) for r in rounds] == [
-        (p["round"], p["accuracy"]) for p in fedavg["curve"]
+        (p["round"], p["global_test_accuracy"]) for p in fedavg["curve"]
     ]
     assert rounds[0]["fedavg/seed0/bytes_up"] == fedavg["bytes_up"] / 3  # each round's own
     assert run.summary["fedavg/seed0/final/accuracy"] == fedavg["global_test_accuracy"]
@@ -167,7 +167,7 @@ def test_an_offline_run_holds_the_records_numbers(
     history, summary = _history_and_summary(out)
     rounds = [h for h in history if "fedavg/seed0/accuracy" in h]
     assert [(h["fedavg/seed0/round"], h["fedavg/seed0/accuracy"]) for h in rounds] == [
-        (p["round"], p["accuracy"]) for p in records["fedavg"]["curve"]
+        (p["round"], p["global_test_accuracy"]) for p in records["fedavg"]["curve"]
     ]
     assert summary["fedavg/seed0/final/accuracy"] == records["fedavg"]["global_test_accuracy"]
     assert summary["local/seed0/final/accuracy"] == records["local"]["mean_client_accuracy"]

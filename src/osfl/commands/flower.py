@@ -11,15 +11,15 @@ from osfl.errors import ConfigError
 
 
 def cmd_flower_run(args: argparse.Namespace) -> int:
-    # heavy: Flower's app tooling (osfl.flower.app.local)
-    from osfl.flower.app.runs import flower_run
+    # heavy: Flower's app tooling (osfl.flower_app.local)
+    from osfl.flower_app.runs import flower_run
 
     return flower_run(args.app, args.superlink, list(args.flwr_args))
 
 
 def cmd_flower_status(args: argparse.Namespace) -> int:
     # heavy: the run-directory readers
-    from osfl.flower.app.runs import run_dir_status
+    from osfl.flower_app.runs import run_dir_status
 
     return run_dir_status(args.run_dir)
 
@@ -30,7 +30,7 @@ def _add_certs_arguments(certs: argparse.ArgumentParser) -> None:
     command must still parse."""
     try:
         # heavy: cryptography (~40 ms): importing osfl.cli stays cheap, only the parser needs it
-        from osfl.flower.app import certs as certs_tool
+        from osfl.flower_app import certs as certs_tool
     except ImportError as e:
         missing = str(e)
 
@@ -60,7 +60,7 @@ def add_parser(sub: Any) -> None:
         description="Runs `flwr run APP SUPERLINK [flwr run options] --stream` and exits with "
         "the run's final status (flwr ls): 0 completed, 1 failed, 2 not started.",
     )
-    frun.add_argument("app", help="the osfl app directory (python -m osfl.flower.app DIR)")
+    frun.add_argument("app", help="the osfl app directory (python -m osfl.flower_app DIR)")
     frun.add_argument("superlink", help="the SuperLink connection (a name in flwr's config.toml)")
     frun.add_argument("flwr_args", nargs=argparse.REMAINDER, help="more `flwr run` options")
     verbose_here(frun)

@@ -14,6 +14,18 @@ from osfl.commands.common import get_console, progress_board, split_run_args, ve
 from osfl.errors import ConfigError
 
 
+def _out_file(args: argparse.Namespace) -> Path:
+    """``--out``: a ``.safetensors`` path, not overwritten without ``--force``."""
+    if not args.out:
+        raise ConfigError("give the output weights file: --out FILE.safetensors")
+    out = Path(args.out)
+    if out.suffix != ".safetensors":
+        raise ConfigError(f"--out {str(out)!r} must end in .safetensors")
+    if out.exists() and not args.force:
+        raise ConfigError(f"{str(out)!r} exists; pass --force to overwrite it")
+    return out
+
+
 def cmd_pretrain(args: argparse.Namespace) -> int:
     """``osfl pretrain --upstream SPEC --out FILE.safetensors [CONFIG.yaml] [key=value ...]``:
     train an encoder on declared upstream data and write it with its model card
@@ -41,13 +53,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         overrides.append(f"upstream.classes={json.dumps(parse_classes(args.classes))}")
     if args.upstream is None and config is None:
         raise ConfigError("declare the upstream data: --upstream SPEC (or a pretrain config file)")
-    if not args.out:
-        raise ConfigError("give the output weights file: --out FILE.safetensors")
-    out = Path(args.out)
-    if out.suffix != ".safetensors":
-        raise ConfigError(f"--out {str(out)!r} must end in .safetensors")
-    if out.exists() and not args.force:
-        raise ConfigError(f"{str(out)!r} exists; pass --force to overwrite it")
+    out = _out_file(args)
     cfg = load_pretrain_config(config, overrides)
     up = cfg.upstream
     upstream = load_upstream(

@@ -41,6 +41,22 @@ def _check_sweep_spacing(sweeps: Sequence[str], items: Sequence[str]) -> None:
         )
 
 
+def _check_resume(args: argparse.Namespace, configs: list[str]) -> None:
+    """``--resume DIR``: no other config, no ``--overwrite``, no other
+    ``--out``, and a run directory that can go on."""
+    if configs or args.overwrite:
+        raise ConfigError(
+            "--resume DIR re-runs DIR/config.yaml: give no other config file and no --overwrite"
+        )
+    if args.out is not None and Path(args.out) != Path(args.resume):
+        raise ConfigError(f"--resume {args.resume} writes there; drop --out {args.out}")
+    from osfl.rundir import resume_problem  # heavy: torch, as osfl.runner in cmd_run
+
+    why = resume_problem(Path(args.resume))
+    if why is not None:
+        raise ConfigError(why)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     # heavy: torch and the whole run stack (osfl.runner); `osfl --help` must not pay for it
     from osfl.runner import RunRequest, run
@@ -50,17 +66,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     config: str | list[str] | None = configs or None
     mode, out = "new", args.out
     if args.resume:
-        if configs or args.overwrite:
-            raise ConfigError(
-                "--resume DIR re-runs DIR/config.yaml: give no other config file and no --overwrite"
-            )
-        if out is not None and Path(out) != Path(args.resume):
-            raise ConfigError(f"--resume {args.resume} writes there; drop --out {out}")
-        from osfl.rundir import resume_problem  # heavy: torch, as osfl.runner above
-
-        why = resume_problem(Path(args.resume))
-        if why is not None:
-            raise ConfigError(why)
+        _check_resume(args, configs)
         mode, out, config = "resume", args.resume, str(Path(args.resume) / "config.yaml")
     elif args.overwrite:
         mode = "overwrite"

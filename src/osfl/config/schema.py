@@ -11,6 +11,7 @@ https://omegaconf.readthedocs.io/en/2.3_branch/structured_config.html
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,6 +84,12 @@ class PartitionConfig:
         }
         return {k: v for k, v in named.items() if v is not None} | dict(self.options)
 
+    def scheme_params(self, takes: Collection[str]) -> dict[str, Any]:
+        """The :meth:`params` a scheme that takes ``takes`` receives: a named
+        field it does not take is left out (``alpha`` means nothing to
+        ``iid``), explicit ``options`` go as given (the scheme refuses a wrong one)."""
+        return {k: v for k, v in self.params().items() if k in takes or k in self.options}
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -103,6 +110,22 @@ class TransformConfig:
     eval: str = "none"
     mean: list[float] | None = None
     std: list[float] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.mean is None) != (self.std is None):
+            raise ConfigError("give both transform.mean and transform.std, or neither")
+        if self.std is not None and (
+            len(self.mean or ()) != len(self.std) or not all(s > 0 for s in self.std)
+        ):
+            raise ConfigError(
+                "transform.mean and transform.std need one value per channel, std > 0"
+            )
+
+    def normalisation(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """The stated ``(mean, std)``; ``None``: normalise with the train set's statistics."""
+        if self.mean is None or self.std is None:
+            return None
+        return tuple(self.mean), tuple(self.std)
 
 
 @dataclass(frozen=True)
@@ -209,9 +232,8 @@ class ExperimentConfig:
     #: optional extra (pip install "osfl[tensorboard]"); empty = none.
     logger: list[str] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
-        if not self.seeds:
-            raise ConfigError("seeds must list at least one seed, e.g. seeds=[0]")
+    def _check_parallel(self) -> None:
+        """``parallel_clients`` (a count or auto) and ``threads_per_client`` (a count or null)."""
         p = self.parallel_clients
         if not (p == "auto" or (type(p) is int and p >= 1)):
             raise ConfigError(f"parallel_clients must be an integer >= 1 or auto, got {p!r}")
@@ -224,6 +246,11 @@ class ExperimentConfig:
             )
         if not (t is None or (type(t) is int and t >= 1)):
             raise ConfigError(f"threads_per_client must be an integer >= 1 or null, got {t!r}")
+
+    def __post_init__(self) -> None:
+        if not self.seeds:
+            raise ConfigError("seeds must list at least one seed, e.g. seeds=[0]")
+        self._check_parallel()
         if self.partition.num_clients < 1:
             raise ConfigError(
                 f"partition.num_clients must be >= 1, got {self.partition.num_clients}"

@@ -129,8 +129,12 @@ class ColorJitter(Transform):
         saturation: float = 0.0,
         hue: float = 0.0,
     ):
-        for name, v, hi in (("brightness", brightness, math.inf), ("contrast", contrast, math.inf),
-                            ("saturation", saturation, math.inf), ("hue", hue, 0.5)):  # fmt: skip
+        for name, v, hi in (
+            ("brightness", brightness, math.inf),
+            ("contrast", contrast, math.inf),
+            ("saturation", saturation, math.inf),
+            ("hue", hue, 0.5),
+        ):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= hi:
                 raise ConfigError(f"ColorJitter {name} must be a number in [0, {hi}], got {v!r}")
         self.brightness, self.contrast = float(brightness), float(contrast)

@@ -394,6 +394,21 @@ def _class_counts(counts: list[Any], bad: Callable[[str], DataError]) -> np.ndar
 
 def _check_consistent(fed: Federation) -> None:
     """The invariants every Federation satisfies, whoever built it."""
+    _check_shapes(fed)
+    for c, a in enumerate(fed.client_indices):
+        _check_client_indices(c, a, fed.num_samples)
+    _check_disjoint(fed)
+    for c, a in enumerate(fed.client_indices):
+        if int(fed.class_counts[c].sum()) != a.shape[0]:
+            raise DataError(
+                f"client {c}: class counts sum to {int(fed.class_counts[c].sum())} "
+                f"but it holds {a.shape[0]} samples"
+            )
+
+
+def _check_shapes(fed: Federation) -> None:
+    """One index array per client, at least one class, and a non-negative
+    count matrix of (clients, classes)."""
     if fed.num_clients < 1 or len(fed.client_indices) != fed.num_clients:
         raise DataError(f"num_clients={fed.num_clients} but {len(fed.client_indices)} index arrays")
     if fed.num_classes < 1:
@@ -405,16 +420,23 @@ def _check_consistent(fed: Federation) -> None:
         )
     if fed.class_counts.size and fed.class_counts.min() < 0:
         raise DataError("class_counts must be >= 0")
-    for c, a in enumerate(fed.client_indices):
-        if a.ndim != 1:
-            raise DataError(f"client {c}: indices must be 1-D")
-        if a.size:
-            if a.min() < 0 or a.max() >= fed.num_samples:
-                raise DataError(f"client {c}: indices outside [0, {fed.num_samples})")
-            if np.any(np.diff(a) <= 0):
-                raise DataError(f"client {c}: indices must be sorted and without duplicates")
-    # disjointness by sorting (memory ~ assigned samples, not num_samples, which a
-    # file could set to anything)
+
+
+def _check_client_indices(c: int, a: np.ndarray, num_samples: int) -> None:
+    """Client ``c``'s indices: 1-D, inside the dataset, strictly increasing
+    (sorted, no duplicate), which :func:`_check_disjoint` relies on."""
+    if a.ndim != 1:
+        raise DataError(f"client {c}: indices must be 1-D")
+    if a.size:
+        if a.min() < 0 or a.max() >= num_samples:
+            raise DataError(f"client {c}: indices outside [0, {num_samples})")
+        if np.any(np.diff(a) <= 0):
+            raise DataError(f"client {c}: indices must be sorted and without duplicates")
+
+
+def _check_disjoint(fed: Federation) -> None:
+    """No sample held by two clients, found by sorting (memory ~ assigned
+    samples, not ``num_samples``, which a file could set to anything)."""
     every = np.concatenate(fed.client_indices)
     owner = np.repeat(np.arange(fed.num_clients), [a.shape[0] for a in fed.client_indices])
     order = np.argsort(every, kind="stable")
@@ -422,9 +444,3 @@ def _check_consistent(fed: Federation) -> None:
     if dup.size:
         c = int(owner[order[dup[0] + 1]])
         raise DataError(f"client {c}: holds samples that another client also holds")
-    for c, a in enumerate(fed.client_indices):
-        if int(fed.class_counts[c].sum()) != a.shape[0]:
-            raise DataError(
-                f"client {c}: class counts sum to {int(fed.class_counts[c].sum())} "
-                f"but it holds {a.shape[0]} samples"
-            )

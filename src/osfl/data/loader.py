@@ -78,9 +78,14 @@ class BatchIterator:
         if indices is not None:
             data = data.subset(indices)
         return cls(
-            data.images, data.labels, batch_size, shuffle=shuffle, drop_last=drop_last,
-            generator=generator, device=device,
-        )  # fmt: skip
+            data.images,
+            data.labels,
+            batch_size,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            generator=generator,
+            device=device,
+        )
 
     @property
     def num_samples(self) -> int:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure
@@ -34,6 +35,47 @@ def _ticks(n: int) -> np.ndarray:
     """At most ``MAX_TICKS`` evenly spaced tick positions out of ``n``."""
     step = max(1, int(np.ceil(n / MAX_TICKS)))
     return np.arange(0, n, step)
+
+
+def _annotate(ax: Axes, counts: np.ndarray, vmax: int) -> None:
+    """Write each non-zero count in its cell, white on the darkest cells (the
+    colour scale's square root above 0.55) so it stays readable."""
+    n_clients, n_classes = counts.shape
+    fontsize = 8 if max(n_clients, n_classes) <= 20 else 6
+    for c in range(n_clients):
+        for k in range(n_classes):
+            v = int(counts[c, k])
+            if v == 0:
+                continue
+            dark = (v / vmax) ** 0.5 > 0.55
+            ax.text(
+                c,
+                k,
+                str(v),
+                ha="center",
+                va="center",
+                fontsize=fontsize,
+                color="white" if dark else "black",
+            )
+
+
+def _label_axes(
+    ax: Axes, sizes: np.ndarray, names: list[str] | None, n_clients: int, n_classes: int
+) -> None:
+    """Ticks (at most :data:`MAX_TICKS` a side; a client's size under its
+    number while there are at most 20) and a light grid between cells."""
+    xt = _ticks(n_clients)
+    ax.set_xticks(xt)
+    ax.set_xticklabels([f"{c}\n{sizes[c]}" if n_clients <= 20 else str(c) for c in xt], fontsize=8)
+    yt = _ticks(n_classes)
+    ax.set_yticks(yt)
+    ax.set_yticklabels([names[k] if names else str(k) for k in yt], fontsize=8)
+    ax.set_xlabel("client (and its number of samples)" if n_clients <= 20 else "client")
+    ax.set_ylabel("class")
+    ax.set_xticks(np.arange(n_clients + 1) - 0.5, minor=True)
+    ax.set_yticks(np.arange(n_classes + 1) - 0.5, minor=True)
+    ax.grid(which="minor", color="0.9", linewidth=0.5)
+    ax.tick_params(which="minor", length=0)
 
 
 def plot_class_counts(
@@ -72,31 +114,8 @@ def plot_class_counts(
     fig.colorbar(im, ax=ax, label="samples", fraction=0.05, pad=0.02)
 
     if counts.size <= MAX_ANNOTATED_CELLS:
-        fontsize = 8 if max(n_clients, n_classes) <= 20 else 6
-        for c in range(n_clients):
-            for k in range(n_classes):
-                v = int(counts[c, k])
-                if v == 0:
-                    continue
-                dark = (v / vmax) ** 0.5 > 0.55
-                ax.text(
-                    c, k, str(v), ha="center", va="center", fontsize=fontsize,
-                    color="white" if dark else "black",
-                )  # fmt: skip
-
-    sizes = federation.sizes
-    xt = _ticks(n_clients)
-    ax.set_xticks(xt)
-    ax.set_xticklabels([f"{c}\n{sizes[c]}" if n_clients <= 20 else str(c) for c in xt], fontsize=8)
-    yt = _ticks(n_classes)
-    ax.set_yticks(yt)
-    ax.set_yticklabels([names[k] if names else str(k) for k in yt], fontsize=8)
-    ax.set_xlabel("client (and its number of samples)" if n_clients <= 20 else "client")
-    ax.set_ylabel("class")
-    ax.set_xticks(np.arange(n_clients + 1) - 0.5, minor=True)
-    ax.set_yticks(np.arange(n_classes + 1) - 0.5, minor=True)
-    ax.grid(which="minor", color="0.9", linewidth=0.5)
-    ax.tick_params(which="minor", length=0)
+        _annotate(ax, counts, vmax)
+    _label_axes(ax, federation.sizes, names, n_clients, n_classes)
     if title is None:
         params = ", ".join(f"{k}={v}" for k, v in federation.params.items() if v is not None)
         title = f"{federation.scheme}({params}), seed {federation.seed}"

@@ -110,9 +110,16 @@ def train_client(
         return model.eval()
 
     parts = cache_parts(
-        ctx, data, model, cfg, transform, given=given, terms=terms, objective=objective,
+        ctx,
+        data,
+        model,
+        cfg,
+        transform,
+        given=given,
+        terms=terms,
+        objective=objective,
         extra_key=extra_key,
-    )  # fmt: skip
+    )
     cache = run.cache
     key = cache.key(**parts)
     state = cache.get(key, like=model.state_dict())

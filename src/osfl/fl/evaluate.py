@@ -205,6 +205,35 @@ def local_test_accuracy(
     return out
 
 
+@dataclass(frozen=True)
+class Evaluator:
+    """A job's evaluator, built once from concrete parts (no config): a
+    predictor's accuracy on ``test`` (global and per class), on
+    ``validation`` when the run holds one out (``validation_accuracy``), and
+    per client's label mix when ``local_counts`` (clients × classes) is given
+    (``local_test_accuracies`` and their mean, ``local_test_accuracy``)."""
+
+    test: ImageSet
+    transform: Transform | None
+    device: torch.device | str
+    validation: ImageSet | None = None
+    local_counts: np.ndarray | Sequence[Sequence[int]] | None = None
+
+    def __call__(self, predictor: nn.Module) -> dict[str, Any]:
+        res = evaluate(predictor, self.test, self.transform, self.device).as_dict()
+        if self.validation is not None:
+            res["validation_accuracy"] = evaluate(
+                predictor, self.validation, self.transform, self.device
+            ).accuracy
+        if self.local_counts is not None:
+            accs = local_test_accuracy(
+                predictor, self.test, self.local_counts, self.transform, self.device
+            )
+            res["local_test_accuracies"] = accs
+            res["local_test_accuracy"] = float(sum(accs) / len(accs))
+        return res
+
+
 def _unit(v: Any) -> bool:
     return isinstance(v, int | float) and not isinstance(v, bool) and 0.0 <= v <= 1.0
 

@@ -254,9 +254,9 @@ class OwnModels(Capability):
     leaves the node): wherever the server's predictor is scored, every client
     scores whatever predictor the method builds from the next broadcast and
     its state (empty: never sampled), in one place (:mod:`osfl.fl.own_models`)
-    that the transports only carry. The runtime's accuracy is the clients'
-    mean (``mean_client_accuracy``, ``client_accuracies``), the server
-    predictor's beside it (``server_accuracy``); docs/run-directory.md."""
+    that the transports only carry. The clients' numbers are
+    ``mean_client_accuracy`` and ``client_accuracies``, beside the server
+    predictor's ``global_test_accuracy`` (docs/run-directory.md)."""
 
     single_user: ClassVar[str | None] = "eftvit"
 

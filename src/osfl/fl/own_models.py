@@ -11,8 +11,9 @@ the call to where the states are (:func:`score_kept_states` for the
 simulation's in-process clients, the osfl ClientApp's node-side handler under
 Flower), so a client scores the same model with the same numbers under both.
 :func:`own_model_metrics` puts the round's scores together beside the server
-predictor's (:func:`merge_client_models`), the way the ``local`` floor reports
-the mean of its clients' accuracies (:mod:`osfl.fl.evaluate`).
+predictor's (:func:`merge_client_models`): the server predictor's numbers keep
+the evaluator's names, the clients' have names of their own
+(:data:`CLIENT_NAMES`), as the ``local`` floor's do (:func:`clients_only`).
 """
 
 from __future__ import annotations
@@ -86,6 +87,39 @@ def _mean(values: Sequence[float]) -> float:
     return float(np.mean(values))
 
 
+#: The evaluator's names of a client's numbers -> the names of the clients'
+#: mean (and list) beside the server predictor's, which keep the plain names
+#: (docs/run-directory.md: one name per number).
+CLIENT_NAMES = {
+    "global_test_accuracy": "mean_client_accuracy",
+    "per_class_accuracy": "mean_client_per_class_accuracy",
+    "validation_accuracy": "mean_client_validation_accuracy",
+    "local_test_accuracy": "mean_client_local_test_accuracy",
+    "local_test_accuracies": "client_local_test_accuracies",
+    "nonfinite_outputs": "client_nonfinite_outputs",
+}
+
+
+def _per_class_mean(scores: Mapping[int, Mapping[str, Any]], clients: list[int], k: int) -> list:
+    """Each class's accuracy averaged over ``clients`` (``None`` where one lacks it)."""
+    return [
+        None
+        if any(scores[c]["per_class_accuracy"][i] is None for c in clients)
+        else _mean([scores[c]["per_class_accuracy"][i] for c in clients])
+        for i in range(k)
+    ]
+
+
+def _client_warnings(server: Mapping[str, Any], scores: Mapping[int, Mapping[str, Any]]) -> list:
+    """The server predictor's evaluation warnings, then each client's, named."""
+    warnings = [f"server predictor: {w}" for w in server.get("warnings", [])]
+    return warnings + [
+        f"client {c}'s own model: {w}"
+        for c in sorted(scores)
+        for w in scores[c].get("warnings", [])
+    ]
+
+
 def merge_client_models(
     server: Mapping[str, Any], scores: Mapping[int, Mapping[str, Any]], num_clients: int
 ) -> dict[str, Any]:
@@ -94,52 +128,52 @@ def merge_client_models(
     (``server``) and of each client's own model (``scores``, by client id; a
     client missing from it did not score).
 
-    As for the ``local`` floor, the accuracy keys are the clients': the mean
-    over the clients that scored (``global_test_accuracy`` =
-    ``mean_client_accuracy``; ``per_class_accuracy``, ``validation_accuracy``
-    averaged the same way; ``local_test_accuracies``: client ``i``'s own model
-    on its own label mix), ``client_accuracies`` by client id (null for one that
-    did not score). The server predictor's are ``server_accuracy``,
-    ``server_per_class_accuracy`` and, where measured,
-    ``server_validation_accuracy`` and ``server_local_test_accuracy``."""
+    The server predictor's numbers keep the evaluator's names
+    (``global_test_accuracy``, ``per_class_accuracy``, ``validation_accuracy``,
+    ``local_test_accuracy``): one name, one meaning, in every method's round
+    events, curve and record. The clients' are beside them under their own
+    names (:data:`CLIENT_NAMES`): the mean over the clients that scored
+    (``mean_client_accuracy``, ``mean_client_per_class_accuracy``,
+    ``mean_client_validation_accuracy``; ``client_local_test_accuracies``:
+    client ``i``'s own model on its own label mix, and their mean), and
+    ``client_accuracies`` by client id (null for one that did not score)."""
     clients = sorted(scores)
     if not clients:
         raise DataError("no client scored its own model")
     accs = {c: float(scores[c]["global_test_accuracy"]) for c in clients}
-    mean = _mean(list(accs.values()))
-    num_classes = len(server["per_class_accuracy"])
-    per_class = [
-        None
-        if any(scores[c]["per_class_accuracy"][k] is None for c in clients)
-        else _mean([scores[c]["per_class_accuracy"][k] for c in clients])
-        for k in range(num_classes)
-    ]
-    out: dict[str, Any] = {
-        "global_test_accuracy": mean,
-        "per_class_accuracy": per_class,
-        "num_samples": server["num_samples"],
-        "mean_client_accuracy": mean,
-        "client_accuracies": [accs.get(c) for c in range(num_clients)],
-        "server_accuracy": server["global_test_accuracy"],
-        "server_per_class_accuracy": list(server["per_class_accuracy"]),
-    }
+    out: dict[str, Any] = {k: v for k, v in server.items() if k != "warnings"}
+    out["mean_client_accuracy"] = _mean(list(accs.values()))
+    out["client_accuracies"] = [accs.get(c) for c in range(num_clients)]
+    k = len(server["per_class_accuracy"])
+    out["mean_client_per_class_accuracy"] = _per_class_mean(scores, clients, k)
     if "validation_accuracy" in server:
-        out["validation_accuracy"] = _mean([scores[c]["validation_accuracy"] for c in clients])
-        out["server_validation_accuracy"] = server["validation_accuracy"]
+        out["mean_client_validation_accuracy"] = _mean(
+            [scores[c]["validation_accuracy"] for c in clients]
+        )
     if "local_test_accuracies" in server:
         own = [float(scores[c]["local_test_accuracies"][c]) for c in clients]
-        out["local_test_accuracies"] = own
-        out["local_test_accuracy"] = _mean(own)
-        out["server_local_test_accuracy"] = server["local_test_accuracy"]
+        out["client_local_test_accuracies"] = own
+        out["mean_client_local_test_accuracy"] = _mean(own)
     bad = sum(int(scores[c].get("nonfinite_outputs", 0)) for c in clients)
-    if bad:
-        out["nonfinite_outputs"] = bad
-    warnings = [f"server predictor: {w}" for w in server.get("warnings", [])]
-    warnings += [
-        f"client {c}'s own model: {w}" for c in clients for w in scores[c].get("warnings", [])
-    ]
+    if bad:  # the server predictor's count keeps its name, ``nonfinite_outputs``
+        out["client_nonfinite_outputs"] = bad
+    warnings = _client_warnings(server, scores)
     if warnings:
         out["warnings"] = warnings
+    return out
+
+
+def clients_only(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """The evaluator's metrics of a predictor that is only the clients' own
+    models (``local``'s ``PerClientPredictor``: no server predictor) under the
+    clients' names (:data:`CLIENT_NAMES`), ``global_test_accuracy`` null: the
+    evaluator's accuracy of such a predictor is the clients' mean, which is
+    ``mean_client_accuracy``, never the server's name."""
+    out: dict[str, Any] = {"global_test_accuracy": None}
+    for k, v in metrics.items():
+        if k == "global_test_accuracy":
+            continue
+        out[CLIENT_NAMES.get(k, k)] = v
     return out
 
 
@@ -162,7 +196,6 @@ def own_model_metrics(
     if not scores:
         return {
             **server,
-            "server_accuracy": server["global_test_accuracy"],
             "warnings": [
                 *server.get("warnings", []),
                 "no client scored its own model, so the accuracy is the server "

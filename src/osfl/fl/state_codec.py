@@ -55,38 +55,57 @@ def state_type(cls: T) -> T:
 def encode_state(state: Any) -> tuple[dict[str, torch.Tensor], Any]:
     """``(tensors, skeleton)``: the tensors by generated name, and a JSON-able
     description of the structure that refers to them."""
-    tensors: dict[str, torch.Tensor] = {}
+    encoder = _Encoder()
+    skeleton = encoder(state, "")
+    return encoder.tensors, skeleton
 
-    def enc(x: Any, path: str) -> Any:
+
+@dataclasses.dataclass
+class _Encoder:
+    """Describes a state node by node (``path`` names the node in errors),
+    collecting its tensors under generated names in the order met, which
+    :class:`_Decoder` reverses."""
+
+    tensors: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+
+    def __call__(self, x: Any, path: str) -> Any:
         if isinstance(x, torch.Tensor):
-            name = f"t{len(tensors)}"
-            tensors[name] = x.detach().to("cpu").contiguous().clone()
+            name = f"t{len(self.tensors)}"
+            self.tensors[name] = x.detach().to("cpu").contiguous().clone()
             return {"$t": name}
         if isinstance(x, float):
             return x if math.isfinite(x) else {"$f": repr(x)}
         if x is None or isinstance(x, bool | int | str):
             return x
         if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            name = type(x).__name__
-            if name not in STATE_TYPES or STATE_TYPES.get(name) is not type(x):
-                raise TypeError(
-                    f"state at {path or '<root>'}: dataclass {name} is not registered "
-                    "(decorate it with osfl.fl.state_codec.state_type)"
-                )
-            fields = {
-                f.name: enc(getattr(x, f.name), f"{path}.{f.name}") for f in dataclasses.fields(x)
-            }
-            return {"$dc": name, "fields": fields}
-        if isinstance(x, Mapping):
-            return {"$map": [[enc(k, path), enc(v, f"{path}.{k}")] for k, v in x.items()]}
-        if isinstance(x, list | tuple):
-            items = [enc(v, f"{path}[{i}]") for i, v in enumerate(x)]
-            return {"$tuple" if isinstance(x, tuple) else "$list": items}
+            return self.dataclass(x, path)
+        if isinstance(x, Mapping | list | tuple):
+            return self.container(x, path)
         if hasattr(x, "item") and getattr(x, "ndim", None) == 0:  # numpy scalars
-            return enc(x.item(), path)
+            return self(x.item(), path)
         raise TypeError(f"state at {path or '<root>'}: a {type(x).__name__} cannot be saved")
 
-    return tensors, enc(state, "")
+    def container(self, x: Mapping | list | tuple, path: str) -> dict[str, Any]:
+        """A mapping as its ``[key, value]`` pairs (keys need not be strings),
+        a list or tuple as its items, tagged so a tuple comes back a tuple."""
+        if isinstance(x, Mapping):
+            return {"$map": [[self(k, path), self(v, f"{path}.{k}")] for k, v in x.items()]}
+        items = [self(v, f"{path}[{i}]") for i, v in enumerate(x)]
+        return {"$tuple" if isinstance(x, tuple) else "$list": items}
+
+    def dataclass(self, x: Any, path: str) -> dict[str, Any]:
+        """A registered dataclass by name and fields; an unregistered one (or
+        another class of that name) is refused, since it could not be rebuilt."""
+        name = type(x).__name__
+        if name not in STATE_TYPES or STATE_TYPES.get(name) is not type(x):
+            raise TypeError(
+                f"state at {path or '<root>'}: dataclass {name} is not registered "
+                "(decorate it with osfl.fl.state_codec.state_type)"
+            )
+        fields = {
+            f.name: self(getattr(x, f.name), f"{path}.{f.name}") for f in dataclasses.fields(x)
+        }
+        return {"$dc": name, "fields": fields}
 
 
 def decode_state(tensors: Mapping[str, torch.Tensor], skeleton: Any) -> Any:

@@ -122,29 +122,48 @@ def training_health(
     if not (math.isfinite(first_loss) and math.isfinite(final_loss)):
         return (f"local training diverged (loss {final_loss}); {LR_HINT}",)
     found = []
-    chance_loss = math.log(num_classes) if num_classes and num_classes > 1 else None
     rose = epochs >= 2 and final_loss > first_loss * (1 + LOSS_RISE_TOLERANCE)
-    above_chance = chance_loss is not None and final_loss >= chance_loss
-    if rose and (above_chance or not scope.from_global_model):
-        level = (
-            f", above chance level ({chance_loss:.3g} for {num_classes} classes)"
-            if above_chance
-            else ""
-        )
-        found.append(
-            f"the local loss rose from {first_loss:.3g} (first epoch) to {final_loss:.3g} "
-            f"(last){level}; {LR_HINT}"
-        )
+    if rose:
+        found += _rise_symptom(first_loss, final_loss, num_classes, scope)
     whole = not rose and not scope.multi_round and epochs >= 1
-    if whole and train_accuracy is not None and num_classes is not None and num_classes > 1:
-        chance = 1 / num_classes
-        if train_accuracy < chance + MIN_SKILL * (1 - chance):
-            found.append(
-                f"did not fit its own data: {100 * train_accuracy:.0f}% accuracy on its "
-                f"training batches in the last epoch (chance {100 * chance:.0f}% for "
-                f"{num_classes} classes) after {epochs:.3g} epochs; {UNDERFIT_HINT}"
-            )
+    if whole and train_accuracy is not None:
+        found += _underfit_symptom(train_accuracy, num_classes, epochs)
     return tuple(found)
+
+
+def _rise_symptom(
+    first_loss: float, final_loss: float, num_classes: int | None, scope: TrainingScope
+) -> list[str]:
+    """The risen loss as a symptom, unless the training started from a
+    global model (client drift) and still ended below chance level."""
+    chance_loss = math.log(num_classes) if num_classes and num_classes > 1 else None
+    above_chance = chance_loss is not None and final_loss >= chance_loss
+    if not above_chance and scope.from_global_model:
+        return []
+    level = (
+        f", above chance level ({chance_loss:.3g} for {num_classes} classes)"
+        if above_chance
+        else ""
+    )
+    return [
+        f"the local loss rose from {first_loss:.3g} (first epoch) to {final_loss:.3g} "
+        f"(last){level}; {LR_HINT}"
+    ]
+
+
+def _underfit_symptom(train_accuracy: float, num_classes: int | None, epochs: float) -> list[str]:
+    """Underfitting: an accuracy on its own batches within :data:`MIN_SKILL`
+    of chance (``1/C``); not judged without at least two classes."""
+    if num_classes is None or num_classes <= 1:
+        return []
+    chance = 1 / num_classes
+    if train_accuracy < chance + MIN_SKILL * (1 - chance):  # (a NaN accuracy is not judged)
+        return [
+            f"did not fit its own data: {100 * train_accuracy:.0f}% accuracy on its "
+            f"training batches in the last epoch (chance {100 * chance:.0f}% for "
+            f"{num_classes} classes) after {epochs:.3g} epochs; {UNDERFIT_HINT}"
+        ]
+    return []
 
 
 def stats_health(stats: Mapping[str, Any]) -> tuple[str, ...]:

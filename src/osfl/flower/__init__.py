@@ -1,7 +1,7 @@
 """osfl over Flower (Beutel et al., "Flower: A Friendly Federated Learning
 Research Framework", 2020; ``flwr`` 1.x Message API): the adapter layer
 between osfl's FL core and Flower. Everything in osfl that imports ``flwr``
-lives here; nothing in :mod:`osfl.fl` imports it.
+lives here or in :mod:`osfl.flower_app`; nothing in :mod:`osfl.fl` imports it.
 
 - :mod:`.records`: osfl's safetensors messages inside Flower records;
 - :mod:`.spec`: the :class:`~osfl.flower.spec.JobSpec` both sides build a job from;
@@ -14,6 +14,7 @@ lives here; nothing in :mod:`osfl.fl` imports it.
 - :mod:`.loopback`: an in-process Grid over Flower's wire encoding
   (``runtime=flower``);
 - :mod:`.engine`: Flower's simulation engine (``runtime=flower_engine``);
-- :mod:`.app`: the apps a deployment loads and the tools around them (above
-  the assembly layer).
+- the apps a deployment loads and the tools around them are
+  :mod:`osfl.flower_app`, a package of the top layer (they build jobs through
+  the assembly, so they cannot sit on this floor).
 """

@@ -129,33 +129,67 @@ def settle(claims: Sequence[Claim], bound: Mapping[int, Binding]) -> Verdict:
     misbound: set[str] = set()  # the sources a mismatched node was bound by
     impostors: dict[int, list[int]] = {}
     for pid in sorted(by_pid):
-        free = []
-        for node in sorted(by_pid[pid]):
-            own = role.get(node)
-            if own is not None and own[0] != pid:
-                misbound.add(own[1])
-                mismatches.append(
-                    f"node {node} is partition-id {own[0]} in {own[1]} "
-                    f"but claims partition-id {pid}"
-                )
-            else:
-                free.append(node)
+        free = _free_claimants(pid, sorted(by_pid[pid]), role, mismatches, misbound)
         binding = bound.get(pid)
         if binding is not None:
-            if binding.node in free:
-                verdict.nodes[pid] = binding.node
-            impostors[pid] = [n for n in free if n != binding.node]
-            for node in impostors[pid]:
-                verdict.refused.append(
-                    f"node {node} claims partition-id {pid}, which {binding.source} gives node "
-                    f"{binding.node}: refused as an impostor"
-                )
+            impostors[pid] = _keep_bound(pid, free, binding, verdict)
         elif len(free) > 1:
             duplicates.append(_claimants(free, pid))
         elif free:
             verdict.nodes[pid] = free[0]
     if mismatches or duplicates:
         raise ClaimsMismatch(_mismatch_text(mismatches, duplicates, sorted(misbound)))
+    _note_absent(verdict, impostors, bound)
+    verdict.refused = verdict.refused[:MAX_LISTED] + (
+        [f"and {len(verdict.refused) - MAX_LISTED} more impostor(s) refused"]
+        if len(verdict.refused) > MAX_LISTED
+        else []
+    )
+    return verdict
+
+
+def _free_claimants(
+    pid: int,
+    nodes: Sequence[int],
+    role: Mapping[int, tuple[int, str]],
+    mismatches: list[str],
+    misbound: set[str],
+) -> list[int]:
+    """The claimants of ``pid`` not bound to another partition id; each
+    node that is (a mismatch the operator must correct) is added to
+    ``mismatches`` and its binding's source to ``misbound``."""
+    free = []
+    for node in nodes:
+        own = role.get(node)
+        if own is not None and own[0] != pid:
+            misbound.add(own[1])
+            mismatches.append(
+                f"node {node} is partition-id {own[0]} in {own[1]} but claims partition-id {pid}"
+            )
+        else:
+            free.append(node)
+    return free
+
+
+def _keep_bound(pid: int, free: Sequence[int], binding: Binding, verdict: Verdict) -> list[int]:
+    """Give a bound ``pid`` to its bound node if it claimed it, refuse every
+    other claimant as an impostor; returns the impostors."""
+    if binding.node in free:
+        verdict.nodes[pid] = binding.node
+    impostors = [n for n in free if n != binding.node]
+    for node in impostors:
+        verdict.refused.append(
+            f"node {node} claims partition-id {pid}, which {binding.source} gives node "
+            f"{binding.node}: refused as an impostor"
+        )
+    return impostors
+
+
+def _note_absent(
+    verdict: Verdict, impostors: Mapping[int, list[int]], bound: Mapping[int, Binding]
+) -> None:
+    """A bound site whose node did not answer while impostors claimed it is
+    absent, with the reason: the run goes on without it, never with them."""
     for pid, nodes in impostors.items():
         if nodes and pid not in verdict.nodes:
             verdict.absent[pid] = (
@@ -163,12 +197,6 @@ def settle(claims: Sequence[Claim], bound: Mapping[int, Binding]) -> Verdict:
                 f"node(s) {listing([str(n) for n in nodes])} claimed it and were refused "
                 "as impostors"
             )
-    verdict.refused = verdict.refused[:MAX_LISTED] + (
-        [f"and {len(verdict.refused) - MAX_LISTED} more impostor(s) refused"]
-        if len(verdict.refused) > MAX_LISTED
-        else []
-    )
-    return verdict
 
 
 def _mismatch_text(

@@ -28,6 +28,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -114,6 +117,46 @@ def error_reply_mod(msg: Message, context: Context, call_next: ClientAppCallable
         return Message(Error(ERROR_CLIENT_FAILED, f"{type(e).__name__}: {e}"), reply_to=msg)
 
 
+def _check_addressed(cfg: Mapping[str, Any], pid: int) -> None:
+    """Refuse a FitIns addressed to another client: a node trains only the
+    partition it plays."""
+    if cfg.get(SecureKey.CLIENT) != pid:
+        raise UploadError(
+            f"the server addressed client {cfg.get(SecureKey.CLIENT)} to this node, which "
+            f"is partition-id {pid}",
+            client=pid,
+        )
+
+
+def _check_job(cfg: Mapping[str, Any], digest: str) -> None:
+    """Refuse a round of another job: the node and the server must build the
+    same job (config, data, seed) for the masked sum to mean anything."""
+    if cfg.get(SecureKey.JOB) != digest:
+        raise ConfigError(
+            f"this node built job {digest} but the server runs job "
+            f"{cfg.get(SecureKey.JOB)}: start the run and the SuperNodes with the same osfl "
+            "config, data and seed"
+        )
+
+
+def _round_of(cfg: Mapping[str, Any], pid: int) -> int:
+    """The round the FitIns names, an int (a bool is refused, though Python
+    counts it one)."""
+    round = cfg.get(SecureKey.ROUND)
+    if not isinstance(round, int) or isinstance(round, bool):
+        raise UploadError(f"the FitIns names no round ({round!r})", client=pid)
+    return round
+
+
+def _state_before(context: Context, state_file: Path | None, pid: int) -> bytes | None:
+    """The node's state as the plain handler keeps it: ``Context.state``,
+    else its state file (a node restarted between server runs)."""
+    before = read_state(context.state, client=pid)
+    if before is None and state_file is not None and state_file.is_file():
+        before = state_file.read_bytes()
+    return before
+
+
 def add_secure_train(app: ClientApp, builder: JobBuilder, spec: JobSpec | None = None) -> ClientApp:
     """Register SecAgg+'s handler on the osfl ClientApp ``app`` (built by
     ``make_client_app`` with the same ``builder`` and ``spec``): message type
@@ -125,32 +168,17 @@ def add_secure_train(app: ClientApp, builder: JobBuilder, spec: JobSpec | None =
         pid = partition_id(context)
         fitins = compat.recorddict_to_fitins(msg.content, keep_input=True)
         cfg = fitins.config
-        if cfg.get(SecureKey.CLIENT) != pid:
-            raise UploadError(
-                f"the server addressed client {cfg.get(SecureKey.CLIENT)} to this node, which "
-                f"is partition-id {pid}",
-                client=pid,
-            )
+        _check_addressed(cfg, pid)
         base = spec or JobSpec.from_run_config(context.run_config)
         job, digest = JOBS.get(builder, base.with_node(context.node_config))
-        if cfg.get(SecureKey.JOB) != digest:
-            raise ConfigError(
-                f"this node built job {digest} but the server runs job "
-                f"{cfg.get(SecureKey.JOB)}: start the run and the SuperNodes with the same osfl "
-                "config, data and seed"
-            )
+        _check_job(cfg, digest)
         params = fitins.parameters
         if params.tensor_type != BROADCAST_TENSOR_TYPE or len(params.tensors) != 1:
             raise UploadError("the FitIns carries no osfl broadcast", client=pid)
         plan = QuantizationPlan.from_json(cfg.get(SecureKey.PLAN), client=pid)
-        round = cfg.get(SecureKey.ROUND)
-        if not isinstance(round, int) or isinstance(round, bool):
-            raise UploadError(f"the FitIns names no round ({round!r})", client=pid)
-        # the node's state as the plain handler keeps it (Context.state, else its state file)
+        round = _round_of(cfg, pid)
         state_file = _state_file(context, digest, pid)
-        before = read_state(context.state, client=pid)
-        if before is None and state_file is not None and state_file.is_file():
-            before = state_file.read_bytes()
+        before = _state_before(context, state_file, pid)
         turn = run_client(
             job.method,
             job.run,

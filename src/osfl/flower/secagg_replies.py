@@ -145,30 +145,56 @@ def vector_problem(
     except (KeyError, TypeError) as e:
         return f"not a FitRes reply ({e})", 0, ()
     m = res.metrics
-    got = (m.get(SecureKey.CLIENT), m.get(SecureKey.ROUND), m.get(SecureKey.JOB))
-    if got != (client, round, job):
-        return f"reply is for client/round/job {got}, not {(client, round, job)}", 0, ()
-    if m.get(SecureKey.LAYOUT) != layout_digest(layout):
-        return "its tensors are not the round's upload spec (layout digest)", 0, ()
+    why = _envelope_problem(m, (client, round, job), layout)
+    if why is not None:
+        return why, 0, ()
     n = res.num_examples
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= max_count:
         return f"weight (num_examples) {n!r} lies outside [1, {max_count}]", 0, ()
+    why = _masked_problem(reply, layout)
+    if why is not None:
+        return why, 0, ()
+    return None, n, _notes(m)
+
+
+def _envelope_problem(
+    metrics: Mapping[str, Any], expected: tuple[int, int, str], layout: Layout
+) -> str | None:
+    """Why the clear-text envelope is not this round's: another client,
+    round or job (a replayed or misrouted reply), or another upload spec."""
+    got = tuple(metrics.get(k) for k in (SecureKey.CLIENT, SecureKey.ROUND, SecureKey.JOB))
+    if got != expected:
+        return f"reply is for client/round/job {got}, not {expected}"
+    if metrics.get(SecureKey.LAYOUT) != layout_digest(layout):
+        return "its tensors are not the round's upload spec (layout digest)"
+    return None
+
+
+def _masked_problem(reply: Message, layout: Layout) -> str | None:
+    """Why the masked arrays are not what Flower can sum: an array in clear,
+    a wrong count, one that does not parse (never unpickled) or one that is
+    not integers of the layout's flat shape."""
     if any(len(r) for r in reply.content.array_records.values()):
-        return "the reply carries arrays in clear", 0, ()
+        return "the reply carries arrays in clear"
     masked = reply.content.config_records[RECORD_KEY_CONFIGS].get(Key.MASKED_PARAMETERS)
     shapes = [(1,), *((math.prod(shape),) for shape, _ in layout.values())]  # flat
     if not _list_of(masked, bytes) or len(masked) != len(shapes):
-        return f"expected {len(shapes)} masked arrays", 0, ()
+        return f"expected {len(shapes)} masked arrays"
     for raw, shape in zip(masked, shapes, strict=True):
         try:
             a = bytes_to_ndarray(raw)  # np.load(allow_pickle=False)
         except ValueError as e:
-            return f"a masked array does not parse: {e}", 0, ()
+            return f"a masked array does not parse: {e}"
         if tuple(a.shape) != shape or a.dtype.kind not in "iu":
-            return f"a masked array is {a.dtype}{a.shape}, expected integers of {shape}", 0, ()
+            return f"a masked array is {a.dtype}{a.shape}, expected integers of {shape}"
+    return None
+
+
+def _notes(metrics: Mapping[str, Any]) -> tuple[str, ...]:
+    """The client's notes, bounded (depth, characters, count, length) since
+    they are written into the record; unreadable notes are dropped."""
     try:
-        raw_notes = jsonio.loads(str(m.get(SecureKey.NOTES, "[]")), max_depth=2, max_chars=12_000)
-        notes = tuple(str(x)[:500] for x in raw_notes)[:20]
+        raw = jsonio.loads(str(metrics.get(SecureKey.NOTES, "[]")), max_depth=2, max_chars=12_000)
+        return tuple(str(x)[:500] for x in raw)[:20]
     except (ValueError, TypeError):
-        notes = ()
-    return None, n, notes
+        return ()

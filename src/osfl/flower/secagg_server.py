@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import numpy as np
 import torch
@@ -242,18 +242,7 @@ class SecAggPlusTransport(RemoteNodes):
         ``num_samples`` the server accepts from each. An UploadError when
         SecAgg+ cannot run or stops (fewer than 2 reachable clients, fewer
         answers than its threshold)."""
-        if len(clients) < 2:
-            raise ConfigError(
-                f"round {round}: SecAgg+ needs at least 2 clients in a round, got "
-                f"{len(clients)} (the 'sum' of one client is its upload)"
-            )
-        unreachable = {c: self.plain.no_node(c) for c in clients if c not in self.nodes}
-        reachable = [c for c in clients if c in self.nodes]
-        if len(reachable) < 2:
-            raise UploadError(
-                f"round {round}: SecAgg+ needs at least 2 clients with a SuperNode, got "
-                f"{reachable} (no SuperNode for {sorted(unreachable)})"
-            )
+        reachable, unreachable = self.reachable(round, clients)
         plan = plan_round(
             self.config, layout, {c: bounds[c] for c in reachable}, self.weighting_name
         )
@@ -270,18 +259,8 @@ class SecAggPlusTransport(RemoteNodes):
         grid = ProtocolGrid(self.grid, node_to_client, check_vector, self.timeout)
         strategy = self.run_workflow(grid, round, reachable, payload, plan)
         if not strategy.results:
-            why = {**unreachable, **grid.dropped}
-            detail = "; ".join(f"client {c}: {w}" for c, w in sorted(why.items()))
-            raise UploadError(
-                f"round {round}: secure aggregation stopped, too few clients answered for "
-                f"SecAgg+'s reconstruction threshold ({detail or 'no reason given'})"
-            )
-        arrays = [bytes_to_ndarray(t) for t in strategy.results[0][1].parameters.tensors]
-        mean = {
-            name: torch.from_numpy(np.asarray(a, dtype=np.float64).reshape(shape))
-            * plan.scales[name]
-            for (name, (shape, _)), a in zip(layout.items(), arrays, strict=True)
-        }
+            _stopped(round, {**unreachable, **grid.dropped})
+        mean = _unscaled_mean(strategy, layout, plan)
         contributors = sorted(node_to_client[p.node_id] for p, _ in strategy.results)
         return SecureRound(
             plan=plan,
@@ -296,6 +275,24 @@ class SecAggPlusTransport(RemoteNodes):
             bytes_down=grid.bytes_down,
             notes={c: seen[c][1] for c in contributors if seen[c][1]},
         )
+
+    def reachable(self, round: int, clients: Sequence[int]) -> tuple[list[int], dict[int, str]]:
+        """The clients with a SuperNode, and why each other one is not
+        reached; refused when fewer than 2 remain, since the masked sum of
+        one client is its upload."""
+        if len(clients) < 2:
+            raise ConfigError(
+                f"round {round}: SecAgg+ needs at least 2 clients in a round, got "
+                f"{len(clients)} (the 'sum' of one client is its upload)"
+            )
+        unreachable = {c: self.plain.no_node(c) for c in clients if c not in self.nodes}
+        reachable = [c for c in clients if c in self.nodes]
+        if len(reachable) < 2:
+            raise UploadError(
+                f"round {round}: SecAgg+ needs at least 2 clients with a SuperNode, got "
+                f"{reachable} (no SuperNode for {sorted(unreachable)})"
+            )
+        return reachable, unreachable
 
     def run_workflow(
         self,
@@ -434,3 +431,25 @@ def grid_runtime(grid: Grid, secagg: SecAggPlusConfig, **kwargs: Any) -> FlowerG
     if secagg.enabled:
         return SecureGridRuntime(grid, secagg, **kwargs)
     return FlowerGridRuntime(grid, **kwargs)
+
+
+def _stopped(round: int, why: Mapping[int, str]) -> NoReturn:
+    """Raise the one line that says SecAgg+ stopped, naming why each client
+    is missing (unreachable or dropped)."""
+    detail = "; ".join(f"client {c}: {w}" for c, w in sorted(why.items()))
+    raise UploadError(
+        f"round {round}: secure aggregation stopped, too few clients answered for "
+        f"SecAgg+'s reconstruction threshold ({detail or 'no reason given'})"
+    )
+
+
+def _unscaled_mean(
+    strategy: _OneRound, layout: Layout, plan: QuantizationPlan
+) -> dict[str, torch.Tensor]:
+    """The workflow's unmasked mean back in the layout's shapes and units:
+    each tensor was uploaded divided by its plan scale (float64, as summed)."""
+    arrays = [bytes_to_ndarray(t) for t in strategy.results[0][1].parameters.tensors]
+    return {
+        name: torch.from_numpy(np.asarray(a, dtype=np.float64).reshape(shape)) * plan.scales[name]
+        for (name, (shape, _)), a in zip(layout.items(), arrays, strict=True)
+    }

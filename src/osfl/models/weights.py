@@ -366,6 +366,45 @@ def _resample_pos_embed_key(fit: _Fitting, k: str, v: torch.Tensor) -> None:
     fit.notes.append(f"pos_embed: grid {g_old}x{g_old} -> {grid[0]}x{grid[1]}")
 
 
+def _key_sets(
+    target: Mapping[str, torch.Tensor], fitted: Mapping[str, torch.Tensor], dropped: list[str]
+) -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
+    """``(loaded, missing, unexpected)`` keys: a dropped key and BatchNorm's
+    ``num_batches_tracked`` counter are not missing (the first was refused
+    on purpose, the second is not a weight)."""
+    missing = tuple(
+        k
+        for k in target
+        if k not in fitted and k not in dropped and not k.endswith("num_batches_tracked")
+    )
+    unexpected = tuple(k for k in fitted if k not in target)
+    loaded = tuple(k for k in fitted if k in target)
+    return loaded, missing, unexpected
+
+
+def _refuse_mismatch(
+    path: str | os.PathLike[str],
+    raw: Mapping[str, torch.Tensor],
+    model: nn.Module,
+    keys: tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]],
+    strict: bool,
+) -> None:
+    """Refuse a checkpoint that shares no key with the model (another
+    architecture, whatever ``strict`` says) and, when ``strict``, one with
+    a missing or unexpected key."""
+    loaded, missing, unexpected = keys
+    if not loaded:
+        raise ConfigError(
+            f"checkpoint {str(path)!r} shares no parameter name with the model "
+            f"(checkpoint keys start {sorted(raw)[:3]}, model keys {list(model.state_dict())[:3]})"
+        )
+    if strict and (missing or unexpected):
+        raise ConfigError(
+            f"checkpoint {str(path)!r} does not match the model exactly: missing {list(missing)[:10]}, "
+            f"unexpected {list(unexpected)[:10]} (pass strict=False to load what matches)"
+        )
+
+
 def load_pretrained(
     model: nn.Module,
     path: str | os.PathLike[str],
@@ -404,25 +443,9 @@ def load_pretrained(
         model, sd, num_classes_mismatch == "drop_head", converted.renamed, fresh_head
     )
     dropped = [*converted.dropped, *dropped]
-    target = model.state_dict()
-    missing = tuple(
-        k
-        for k in target
-        if k not in fitted and k not in dropped and not k.endswith("num_batches_tracked")
-    )
-    unexpected = tuple(k for k in fitted if k not in target)
-    loaded = tuple(k for k in fitted if k in target)
+    loaded, missing, unexpected = _key_sets(model.state_dict(), fitted, dropped)
     # every refusal comes before the model is touched
-    if not loaded:
-        raise ConfigError(
-            f"checkpoint {str(path)!r} shares no parameter name with the model "
-            f"(checkpoint keys start {sorted(raw)[:3]}, model keys {list(model.state_dict())[:3]})"
-        )
-    if strict and (missing or unexpected):
-        raise ConfigError(
-            f"checkpoint {str(path)!r} does not match the model exactly: missing {list(missing)[:10]}, "
-            f"unexpected {list(unexpected)[:10]} (pass strict=False to load what matches)"
-        )
+    _refuse_mismatch(path, raw, model, (loaded, missing, unexpected), strict)
     model.load_state_dict({k: fitted[k] for k in loaded}, strict=False)
     report = LoadReport(
         str(file),

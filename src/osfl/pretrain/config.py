@@ -209,28 +209,39 @@ def _translate(e: OmegaConfBaseException, schema: DictConfig, source: str) -> Co
     return ConfigError(f"bad value for {key!r} ({source}): {str(e).splitlines()[0]}")
 
 
+def _file_layer(path: str | Path | None) -> list[tuple[Any, str]]:
+    """The YAML file's layer with its name for messages (none without a
+    file); a missing or unparsable file is one clear line."""
+    if path is None:
+        return []
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"pretrain config file not found: {p}")
+    try:
+        return [(OmegaConf.load(p), str(p))]
+    except Exception as e:  # yaml errors
+        raise ConfigError(f"cannot parse {p}: {str(e).splitlines()[0]}") from e
+
+
+def _override_layer(overrides: Sequence[str]) -> list[tuple[Any, str]]:
+    """The ``key=value`` overrides' layer (none without overrides)."""
+    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
+    if bad:
+        raise ConfigError(f"override {bad[0]!r} must look like key=value (e.g. train.epochs=5)")
+    if not overrides:
+        return []
+    try:
+        return [(OmegaConf.from_dotlist(list(overrides)), "command-line overrides")]
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"cannot parse overrides {list(overrides)}: {e}") from e
+
+
 def load_pretrain_config(
     path: str | Path | None = None, overrides: Sequence[str] = ()
 ) -> PretrainConfig:
     """Defaults <- YAML ``path`` <- ``key=value`` overrides, validated."""
     schema = OmegaConf.structured(PretrainConfig)
-    layers: list[tuple[Any, str]] = []
-    if path is not None:
-        p = Path(path)
-        if not p.is_file():
-            raise ConfigError(f"pretrain config file not found: {p}")
-        try:
-            layers.append((OmegaConf.load(p), str(p)))
-        except Exception as e:  # yaml errors
-            raise ConfigError(f"cannot parse {p}: {str(e).splitlines()[0]}") from e
-    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
-    if bad:
-        raise ConfigError(f"override {bad[0]!r} must look like key=value (e.g. train.epochs=5)")
-    if overrides:
-        try:
-            layers.append((OmegaConf.from_dotlist(list(overrides)), "command-line overrides"))
-        except OmegaConfBaseException as e:
-            raise ConfigError(f"cannot parse overrides {list(overrides)}: {e}") from e
+    layers = _file_layer(path) + _override_layer(overrides)
     merged: Any = schema
     for layer, source in layers:
         try:

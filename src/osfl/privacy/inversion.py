@@ -135,13 +135,7 @@ def invert_gradients(
     cfg = config or InversionConfig()
     device = torch.device(device)
     params = [p for p in model.parameters()]
-    if len(target) != len(params):
-        raise ConfigError(f"target has {len(target)} tensors, the model {len(params)} parameters")
-    for i, (p, t) in enumerate(zip(params, target, strict=True)):
-        if tuple(p.shape) != tuple(t.shape):
-            raise ConfigError(
-                f"target tensor {i} has shape {tuple(t.shape)}, parameter {tuple(p.shape)}"
-            )
+    _check_target(params, target)
     B = shape[0]
     model = model.to(device).eval()
     target = [t.detach().to(device) for t in target]
@@ -154,14 +148,10 @@ def invert_gradients(
     opt_vars: list[dict] = [{"params": [x], "lr": cfg.lr}]
     joint = labels is None
     if joint:
-        if num_classes is None:
-            raise ConfigError("joint label optimisation needs num_classes")
-        label_logits = torch.randn(B, num_classes, generator=gen).to(device).requires_grad_(True)
+        label_logits = _label_logits(B, num_classes, gen, device)
         opt_vars.append({"params": [label_logits], "lr": cfg.label_lr})
     else:
-        y = torch.as_tensor(labels, dtype=torch.int64, device=device).view(-1)
-        if y.numel() != B:
-            raise ConfigError(f"{y.numel()} labels for a batch of {B} images")
+        y = _given_labels(labels, B, device)
     opt = torch.optim.Adam(opt_vars)
     milestones = [int(cfg.iterations * f) for f in (3 / 8, 5 / 8, 7 / 8)]
     sched = torch.optim.lr_scheduler.MultiStepLR(opt, milestones=milestones, gamma=0.1)
@@ -169,12 +159,7 @@ def invert_gradients(
     for it in range(cfg.iterations):
         opt.zero_grad(set_to_none=True)
         out = model(x)
-        if joint:
-            task = torch.sum(
-                -F.softmax(label_logits, dim=1) * F.log_softmax(out, dim=1), dim=1
-            ).mean()
-        else:
-            task = F.cross_entropy(out, y)
+        task = _soft_label_loss(out, label_logits) if joint else F.cross_entropy(out, y)
         grads = torch.autograd.grad(task, params, create_graph=True)
         loss = cosine_distance(grads, target) + cfg.tv * total_variation(x)
         loss.backward()
@@ -184,12 +169,55 @@ def invert_gradients(
         sched.step()
         with torch.no_grad():
             x.copy_(torch.max(torch.min(x, hi), lo))
-        if it % max(1, cfg.iterations // 50) == 0 or it == cfg.iterations - 1:
+        if _logged(it, cfg.iterations):
             losses.append(float(loss.detach()))
     with torch.no_grad():
         images = (x.detach() * s + m).clamp(0, 1).cpu()
         found = label_logits.argmax(dim=1).cpu() if joint else y.cpu()
     return InversionResult(images=images, labels=found, losses=losses)
+
+
+def _check_target(params: Sequence[torch.Tensor], target: Sequence[torch.Tensor]) -> None:
+    """Refuse a target that is not one tensor per parameter of its shape:
+    the cosine distance pairs them in order."""
+    if len(target) != len(params):
+        raise ConfigError(f"target has {len(target)} tensors, the model {len(params)} parameters")
+    for i, (p, t) in enumerate(zip(params, target, strict=True)):
+        if tuple(p.shape) != tuple(t.shape):
+            raise ConfigError(
+                f"target tensor {i} has shape {tuple(t.shape)}, parameter {tuple(p.shape)}"
+            )
+
+
+def _label_logits(
+    batch: int, num_classes: int | None, gen: torch.Generator, device: torch.device
+) -> torch.Tensor:
+    """The label logits optimised jointly with the images (drawn from ``gen``
+    after the images, so a seed gives one start)."""
+    if num_classes is None:
+        raise ConfigError("joint label optimisation needs num_classes")
+    return torch.randn(batch, num_classes, generator=gen).to(device).requires_grad_(True)
+
+
+def _given_labels(
+    labels: torch.Tensor | Sequence[int] | None, batch: int, device: torch.device
+) -> torch.Tensor:
+    """The known labels, one per image."""
+    y = torch.as_tensor(labels, dtype=torch.int64, device=device).view(-1)
+    if y.numel() != batch:
+        raise ConfigError(f"{y.numel()} labels for a batch of {batch} images")
+    return y
+
+
+def _soft_label_loss(out: torch.Tensor, label_logits: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy against the softmax of the optimised label logits (the
+    joint optimisation's task loss, differentiable in the labels)."""
+    return torch.sum(-F.softmax(label_logits, dim=1) * F.log_softmax(out, dim=1), dim=1).mean()
+
+
+def _logged(it: int, iterations: int) -> bool:
+    """Whether iteration ``it``'s loss is kept: about 50 of them, and the last."""
+    return it % max(1, iterations // 50) == 0 or it == iterations - 1
 
 
 def match_and_score(recon: torch.Tensor, truth: torch.Tensor) -> dict[str, float | list[int]]:

@@ -16,14 +16,19 @@ from osfl.convergence import link_seconds
 from osfl.fl.regimes import REGIMES
 from osfl.fl.upload import human_bytes
 from osfl.interrupts import atomic_section
-from osfl.record import ranked_accuracy
+from osfl.record import RunRecord, typed
 from osfl.report.tables import records_with
 
 
 def plot_curves(
-    records: Sequence[Mapping[str, Any]], path: str | Path, *, link_mbps: float | None = None
+    records: Sequence[RunRecord | Mapping[str, Any]],
+    path: str | Path,
+    *,
+    link_mbps: float | None = None,
 ) -> Path | None:
-    """Test accuracy per round for multi-round records that carry a ``curve``:
+    """Test accuracy per round for multi-round records that carry a ``curve``
+    (each point's accuracy the table ranks: the server predictor's, else the
+    clients' own models' mean, :attr:`osfl.record.CurvePoint.ranked_accuracy`):
     one line per (grid point, method), the mean over seeds with a band of ±
     one sample std where there are several; ``None`` (no file) when no record
     has a curve. With ``link_mbps``, a second panel puts the same accuracies
@@ -41,7 +46,9 @@ def plot_curves(
     return out
 
 
-def curves_figure(records: Sequence[Mapping[str, Any]], *, link_mbps: float | None = None) -> Any:
+def curves_figure(
+    records: Sequence[RunRecord | Mapping[str, Any]], *, link_mbps: float | None = None
+) -> Any:
     """The figure :func:`plot_curves` saves (``None`` without curves)."""
     groups = records_with(records, "curve")
     if not groups:
@@ -66,37 +73,39 @@ def curves_figure(records: Sequence[Mapping[str, Any]], *, link_mbps: float | No
     return fig
 
 
-def _all_timed(groups: Mapping[tuple[str, str], list[Mapping[str, Any]]]) -> bool:
+def _all_timed(groups: Mapping[tuple[str, str], list[RunRecord]]) -> bool:
     """Whether every curve point carries the seconds and bytes the time panel needs."""
     return all(
-        "seconds" in p and "bytes" in p
+        p.seconds is not None and p.bytes is not None
         for recs in groups.values()
         for r in recs
-        for p in r["curve"]
+        for p in r.curve
     )
 
 
 def _curve_arrays(
-    recs: Sequence[Mapping[str, Any]], link_mbps: float | None
+    recs: Sequence[RunRecord], link_mbps: float | None
 ) -> tuple[list[int], np.ndarray, np.ndarray]:
     """The rounds (counted from 1), accuracy in % per (seed, round) and, with
     ``link_mbps``, total seconds under that link; NaN where a seed lacks a
     round, so means and stds skip it."""
-    rounds = sorted({p["round"] for r in recs for p in r["curve"]})
+    rounds = sorted({p.round for r in recs for p in r.curve})
     table = np.full((len(recs), len(rounds)), np.nan)
     times = np.full((len(recs), len(rounds)), np.nan)
     for i, r in enumerate(recs):
-        for p in r["curve"]:
-            table[i, rounds.index(p["round"])] = 100 * p["accuracy"]
+        for p in r.curve:
+            at = rounds.index(p.round)
+            if p.ranked_accuracy is not None:
+                table[i, at] = 100 * p.ranked_accuracy
             if link_mbps is not None:
-                times[i, rounds.index(p["round"])] = link_seconds(p, link_mbps)
+                times[i, at] = link_seconds({"seconds": p.seconds, "bytes": p.bytes}, link_mbps)
     return [x + 1 for x in rounds], table, times
 
 
 def _plot_curve(
     ax: Any,
     ax_time: Any,
-    recs: Sequence[Mapping[str, Any]],
+    recs: Sequence[RunRecord],
     label: str,
     colour: Any,
     link_mbps: float | None,
@@ -136,7 +145,9 @@ def _label_curve_axes(ax: Any, ax_time: Any, link_mbps: float | None) -> None:
     )
 
 
-def plot_frontier(records: Sequence[Mapping[str, Any]], path: str | Path) -> Path | None:
+def plot_frontier(
+    records: Sequence[RunRecord | Mapping[str, Any]], path: str | Path
+) -> Path | None:
     """Accuracy against total bytes (up + down), one labelled point per (grid
     point, method), mean over seeds, one marker per regime: the bytes–accuracy
     frontier of a comparison (FENS against one-shot FedAvg, Ensemble and
@@ -155,15 +166,12 @@ def plot_frontier(records: Sequence[Mapping[str, Any]], path: str | Path) -> Pat
 LOG_AXIS_SPAN = 10.0
 
 
-def frontier_figure(records: Sequence[Mapping[str, Any]]) -> Any:
+def frontier_figure(records: Sequence[RunRecord | Mapping[str, Any]]) -> Any:
     """The figure :func:`plot_frontier` saves: every point labelled with its
     method and bytes; a linear bytes axis with ticks that resolve the range when
     the bytes span less than :data:`LOG_AXIS_SPAN`, a log axis with 1-2-5 ticks
     beyond."""
-    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for r in records:
-        if ranked_accuracy(r) is not None and "bytes_up" in r:
-            groups.setdefault((str(r.get("point", "")), str(r["method"])), []).append(r)
+    groups = _frontier_groups(typed(records))
     if len({m for _, m in groups}) < 2:
         return None
     # heavy: matplotlib (only runs that plot pay for it)
@@ -177,10 +185,10 @@ def frontier_figure(records: Sequence[Mapping[str, Any]]) -> Any:
     colours = _colours(len(groups))
     points, floors = [], []
     for (point, method), recs in groups.items():
-        sent = float(np.mean([r["bytes_up"] + r.get("bytes_down", 0) for r in recs]))
-        accs = [100 * float(ranked_accuracy(r)) for r in recs]  # type: ignore[arg-type]
+        sent = float(np.mean([r.bytes_up + (r.bytes_down or 0) for r in recs]))  # type: ignore[operator]
+        accs = [100 * float(r.ranked_accuracy) for r in recs]  # type: ignore[arg-type]
         label = f"{method} ({point})" if point else method
-        marker = markers.get(str(recs[0].get("regime")), "x")
+        marker = markers.get(recs[0].regime, "x")
         item = (sent, float(np.mean(accs)), _spread(accs), label, marker, next(colours))
         (floors if method in NO_FEDERATION else points).append(item)
     if not points:
@@ -194,6 +202,15 @@ def frontier_figure(records: Sequence[Mapping[str, Any]]) -> Any:
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return fig
+
+
+def _frontier_groups(records: Sequence[RunRecord]) -> dict[tuple[str, str], list[RunRecord]]:
+    """The records with an accuracy and a byte count, by (grid point, method)."""
+    groups: dict[tuple[str, str], list[RunRecord]] = {}
+    for r in records:
+        if r.ranked_accuracy is not None and r.bytes_up is not None:
+            groups.setdefault((r.point, r.method), []).append(r)
+    return groups
 
 
 #: Methods whose clients federate nothing (``local``: each keeps its own
@@ -224,8 +241,15 @@ def _frontier_points(ax: Any, points: Sequence[tuple[Any, ...]]) -> None:
         last = sent
         ax.scatter([sent], [acc], marker=marker, color=colour, label=label, s=36, zorder=3)
         if below or above:
-            ax.errorbar([sent], [acc], yerr=[[below], [above]], fmt="none", ecolor=colour,
-                        elinewidth=1, capsize=3)  # fmt: skip
+            ax.errorbar(
+                [sent],
+                [acc],
+                yerr=[[below], [above]],
+                fmt="none",
+                ecolor=colour,
+                elinewidth=1,
+                capsize=3,
+            )
         left = side % 2 == 1
         ax.annotate(
             f"{label}\n{human_bytes(sent)}",

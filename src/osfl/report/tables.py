@@ -3,7 +3,9 @@ method), as the FL papers' tables report them, for the terminal (rich),
 ``summary.md`` and ``osfl table``; bytes and time beside accuracy
 (docs/design.md §7: every result carries its cost).
 
-The accuracy a row ranks by has one meaning (:func:`osfl.record.ranked_accuracy`):
+Records are read as types (:class:`osfl.record.RunRecord` attributes; plain
+objects are read into one first). The accuracy a row ranks by has one meaning
+(:attr:`osfl.record.RunRecord.ranked_accuracy`):
 the server predictor's test accuracy; a method without one (``local``) shows
 the mean of its clients' own models instead, in a marked cell (†) with a note
 saying so; a method with both (EFTViT) shows the clients' mean in a column of
@@ -24,7 +26,7 @@ from rich.table import Table
 
 from osfl.fl.regimes import REGIMES
 from osfl.fl.upload import human_bytes
-from osfl.record import accuracy_is_clients_mean, ranked_accuracy
+from osfl.record import RunRecord, typed
 
 #: The mark of an accuracy cell that is the clients' own models' mean.
 CLIENTS_MEAN_MARK = "†"
@@ -69,62 +71,60 @@ class Row:
 
 
 def _by_point_and_method(
-    records: Sequence[Mapping[str, Any]],
-) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
+    records: Sequence[RunRecord | Mapping[str, Any]],
+) -> dict[tuple[str, str], list[RunRecord]]:
     """(grid point, method) -> its records (one per seed), in first-seen order."""
-    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for r in records:
-        groups.setdefault((r.get("point", ""), r["method"]), []).append(r)
+    groups: dict[tuple[str, str], list[RunRecord]] = {}
+    for r in typed(records):
+        groups.setdefault((r.point, r.method), []).append(r)
     return groups
 
 
-def summarize(records: Sequence[Mapping[str, Any]]) -> list[Row]:
+def _row(point: str, method: str, recs: Sequence[RunRecord]) -> Row:
+    """One (grid point, method)'s records as a row of the table."""
+    warnings = (f"seed {r.seed}: {w}" for r in recs for w in r.warnings)
+    return Row(
+        point=point,
+        method=method,
+        seeds=tuple(r.seed for r in recs),
+        accuracy=Stat.of([r.ranked_accuracy for r in recs]),
+        local_accuracy=Stat.of([r.local_test_accuracy for r in recs]),
+        bytes_up=Stat.of([r.bytes_up for r in recs]),
+        bytes_down=Stat.of([r.bytes_down for r in recs]),
+        time_s=Stat.of([r.total_seconds for r in recs]),
+        warnings=tuple(dict.fromkeys(warnings)),
+        regime=recs[0].regime,
+        client_models=Stat.of(
+            [r.mean_client_accuracy for r in recs if r.global_test_accuracy is not None]
+        ),
+        at_sites=any(r.evaluated_at == "sites" for r in recs),
+        clients_mean=any(r.accuracy_is_clients_mean for r in recs),
+    )
+
+
+def summarize(records: Sequence[RunRecord | Mapping[str, Any]]) -> list[Row]:
     """Group by (grid point, method) in first-seen order; mean ± std over seeds."""
-    rows = []
-    for (point, method), recs in _by_point_and_method(records).items():
-        rows.append(
-            Row(
-                point=point,
-                method=method,
-                seeds=tuple(int(r["seed"]) for r in recs),
-                accuracy=Stat.of([ranked_accuracy(r) for r in recs]),
-                local_accuracy=Stat.of([r.get("local_test_accuracy") for r in recs]),
-                bytes_up=Stat.of([r.get("bytes_up") for r in recs]),
-                bytes_down=Stat.of([r.get("bytes_down") for r in recs]),
-                time_s=Stat.of([r.get("time_s", {}).get("total") for r in recs]),
-                warnings=tuple(
-                    dict.fromkeys(
-                        f"seed {r['seed']}: {w}" for r in recs for w in r.get("warnings", [])
-                    )
-                ),
-                regime=str(recs[0].get("regime", "")),
-                client_models=Stat.of(
-                    [
-                        r.get("mean_client_accuracy")
-                        for r in recs
-                        if r.get("global_test_accuracy") is not None
-                    ]
-                ),
-                at_sites=any(r.get("evaluated_at") == "sites" for r in recs),
-                clients_mean=any(accuracy_is_clients_mean(r) for r in recs),
-            )
-        )
-    return rows
+    return [
+        _row(point, method, recs) for (point, method), recs in _by_point_and_method(records).items()
+    ]
 
 
-def per_seed(records: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+def per_seed(records: Sequence[RunRecord | Mapping[str, Any]]) -> list[dict[str, Any]]:
     """The table's rows with the per-seed accuracies (%) behind each mean ± std:
     what REPRODUCTION keeps under ``reproduction/`` so a reader can re-derive a
     row, test another ordering or pool seeds, without the run directories."""
     out = []
     for (point, method), recs in _by_point_and_method(records).items():
-        scored = [(r, ranked_accuracy(r)) for r in recs]
-        acc = {str(r["seed"]): round(100 * float(a), 4) for r, a in scored if a is not None}
+        acc = {
+            str(r.seed): round(100 * float(r.ranked_accuracy), 4)
+            for r in recs
+            if r.ranked_accuracy is not None
+        }
         stat = Stat.of(list(acc.values()))
         if stat is None:
             continue
-        row = {"point": point, "method": method, "regime": str(recs[0].get("regime", ""))}
-        if any(accuracy_is_clients_mean(r) for r in recs):  # no server predictor (`local`)
+        row = {"point": point, "method": method, "regime": recs[0].regime}
+        if any(r.accuracy_is_clients_mean for r in recs):  # no server predictor (`local`)
             row["accuracy_of"] = "mean of the clients' own models"
         out.append({**row, "accuracy": acc, "mean": round(stat.mean, 4), "std": round(stat.std, 4)})
     return out
@@ -166,28 +166,61 @@ def _secs(s: Stat | None) -> str:
     return "—" if s is None else f"{s.mean:.1f}"
 
 
+@dataclass(frozen=True)
+class _Columns:
+    """Which optional columns a table has: the grid point, the clients' own
+    models, the local accuracy, the notes."""
+
+    point: bool
+    clients: bool
+    local: bool
+    notes: bool
+
+    @classmethod
+    def of(cls, rows: Sequence[Row]) -> _Columns:
+        return cls(
+            point=any(r.point for r in rows),
+            clients=any(r.client_models is not None for r in rows),
+            local=any(r.local_accuracy is not None for r in rows),
+            notes=any(r.warnings for r in rows),
+        )
+
+    def header(self) -> list[str]:
+        return [
+            *(["setting"] if self.point else []),
+            "method",
+            "seeds",
+            "accuracy (%)",
+            *(["clients' own models (%)"] if self.clients else []),
+            *(["local acc. (%)"] if self.local else []),
+            "bytes up",
+            "bytes down",
+            "time (s)",
+            *(["notes"] if self.notes else []),
+        ]
+
+    def cells(self, r: Row) -> list[str]:
+        accuracy = _pct(r.accuracy) + (CLIENTS_MEAN_MARK if r.clients_mean else "")
+        n = len(r.warnings)
+        note = f"{n} warning{'s' * (n != 1)}, see below" if n else ""
+        return [
+            *([r.point] if self.point else []),
+            r.method,
+            str(len(r.seeds)),
+            accuracy,
+            *([_pct(r.client_models)] if self.clients else []),
+            *([_pct(r.local_accuracy)] if self.local else []),
+            _bytes(r.bytes_up),
+            _bytes(r.bytes_down),
+            _secs(r.time_s),
+            *([note] if self.notes else []),
+        ]
+
+
 def table_rows(rows: Sequence[Row]) -> tuple[list[str], list[list[str]]]:
     """Header and cells shared by the terminal and the Markdown tables."""
-    with_point = any(r.point for r in rows)
-    with_local = any(r.local_accuracy is not None for r in rows)
-    with_clients = any(r.client_models is not None for r in rows)
-    header = [*(["setting"] if with_point else []), "method", "seeds", "accuracy (%)"]
-    header += ["clients' own models (%)"] if with_clients else []
-    header += [*(["local acc. (%)"] if with_local else []), "bytes up", "bytes down", "time (s)"]
-    with_notes = any(r.warnings for r in rows)
-    header += ["notes"] if with_notes else []
-    cells = []
-    for r in rows:
-        accuracy = _pct(r.accuracy) + (CLIENTS_MEAN_MARK if r.clients_mean else "")
-        line = [*([r.point] if with_point else []), r.method, str(len(r.seeds)), accuracy]
-        line += [_pct(r.client_models)] if with_clients else []
-        line += [*([_pct(r.local_accuracy)] if with_local else []), _bytes(r.bytes_up)]
-        line += [_bytes(r.bytes_down), _secs(r.time_s)]
-        if with_notes:
-            n = len(r.warnings)
-            line.append(f"{n} warning{'s' * (n != 1)}, see below" if n else "")
-        cells.append(line)
-    return header, cells
+    columns = _Columns.of(rows)
+    return columns.header(), [columns.cells(r) for r in rows]
 
 
 #: ``seed S: client C (round R): message``, as records and RunResult.warnings write them
@@ -322,24 +355,58 @@ def clients_mean_note(rows: Sequence[Row]) -> str:
     )
 
 
-def records_with(records: Sequence[Mapping[str, Any]], key: str) -> dict[tuple[str, str], list]:
+def records_with(
+    records: Sequence[RunRecord | Mapping[str, Any]], key: str
+) -> dict[tuple[str, str], list[RunRecord]]:
     """Records holding ``key`` (``curve`` with 2+ points, ``convergence``), grouped by
     (grid point, method) in first-seen order."""
-    groups: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for r in records:
-        value = r.get(key)
-        if value and (key != "curve" or len(value) > 1):
-            groups.setdefault((str(r.get("point", "")), str(r["method"])), []).append(r)
+    has = {
+        "curve": lambda r: len(r.curve) > 1,
+        "convergence": lambda r: bool(r.convergence),
+    }[key]
+    groups: dict[tuple[str, str], list[RunRecord]] = {}
+    for r in typed(records):
+        if has(r):
+            groups.setdefault((r.point, r.method), []).append(r)
     return groups
 
 
-def convergence_markdown(records: Sequence[Mapping[str, Any]]) -> str:
+def _to_target(conv: Sequence[Mapping[str, Any]], target: float | None) -> tuple[str, str]:
+    """The cells "rounds to target" and "time to target" of one row's seeds."""
+    if target is None:
+        return "—", "—"
+    reached = [c for c in conv if c["rounds_to_target"] is not None]
+    if not reached:
+        return "not reached", "—"
+    rounds = Stat.of([c["rounds_to_target"] for c in reached])
+    text = f"{rounds.mean:.1f}" if rounds else "—"
+    text += f" ({len(reached)}/{len(conv)} seeds)" if len(conv) > 1 else ""
+    return text, _secs(Stat.of([c["time_to_target_s"] for c in reached]))
+
+
+def _convergence_line(point: str, method: str, recs: Sequence[RunRecord], target: Any) -> str:
+    """One (grid point, method)'s row of the cost-to-accuracy table."""
+    conv = [r.convergence or {} for r in recs]
+    to_target, when = _to_target(conv, target)
+    best = Stat.of([c["best_accuracy"] for c in conv])
+    best_round = Stat.of([c["best_round"] for c in conv])
+    total = Stat.of([c["total_time_s"] for c in conv])
+    which = {c.get("accuracy_key", "global_test_accuracy") for c in conv}
+    mark = CLIENTS_MEAN_MARK if "mean_client_accuracy" in which else ""
+    cells = [point or "—", method, _pct(best) + mark]
+    cells.append(f"{best_round.mean:.0f}" if best_round else "—")
+    return "| " + " | ".join([*cells, to_target, when, _secs(total)]) + " |"
+
+
+def convergence_markdown(records: Sequence[RunRecord | Mapping[str, Any]]) -> str:
     """The cost-to-accuracy table (:mod:`osfl.convergence`) of the records that
-    have one, mean over seeds; empty when none has."""
+    have one, mean over seeds; empty when none has. It measures the accuracy
+    a table ranks (the record's ``convergence.accuracy_key``: the server
+    predictor's; a method without one, marked †, its clients' own models')."""
     groups = records_with(records, "convergence")
     if not groups:
         return ""
-    first = next(iter(groups.values()))[0]["convergence"]
+    first = next(iter(groups.values()))[0].convergence or {}
     target, link = first["target_accuracy"], first["link_mbps"]
     goal = f"{100 * target:.1f} %" if target is not None else "a target (set target_accuracy)"
     lines = [
@@ -349,25 +416,11 @@ def convergence_markdown(records: Sequence[Mapping[str, Any]]) -> str:
         "| time to target (s) | total time (s) |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
-    for (point, method), recs in groups.items():
-        conv = [r["convergence"] for r in recs]
-        reached = [c for c in conv if c["rounds_to_target"] is not None]
-        rounds = Stat.of([c["rounds_to_target"] for c in reached])
-        if target is None:
-            to_target = when = "—"
-        elif not reached:
-            to_target, when = "not reached", "—"
-        else:
-            to_target = f"{rounds.mean:.1f}" if rounds else "—"
-            to_target += f" ({len(reached)}/{len(conv)} seeds)" if len(conv) > 1 else ""
-            when = _secs(Stat.of([c["time_to_target_s"] for c in reached]))
-        best = Stat.of([c["best_accuracy"] for c in conv])
-        best_round = Stat.of([c["best_round"] for c in conv])
-        total = Stat.of([c["total_time_s"] for c in conv])
-        cells = [point or "—", method, _pct(best), f"{best_round.mean:.0f}" if best_round else "—"]
-        lines.append("| " + " | ".join([*cells, to_target, when, _secs(total)]) + " |")
+    lines += [_convergence_line(p, m, recs, target) for (p, m), recs in groups.items()]
     lines += [
         "",
+        "Accuracy: the server predictor's test accuracy (`global_test_accuracy`; "
+        f"{CLIENTS_MEAN_MARK}: no server predictor, the mean of the clients' own models). "
         "Time: this machine's compute seconds (clients one after another) plus every byte "
         "up and down over one shared link.",
         "",

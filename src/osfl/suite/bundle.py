@@ -108,9 +108,16 @@ def returned_files(files: Sequence[Path]) -> tuple[list[Path], list[str]]:
     return kept, left
 
 
-def write_bundle(folder: Path, *, plan: dict[str, Any], rows: list[dict[str, Any]],
-                 markdown: str, rates: Mapping[str, Any] | None,
-                 members: list[tuple[str, Path]], files: Sequence[Path] = ()) -> list[str]:  # fmt: skip
+def write_bundle(
+    folder: Path,
+    *,
+    plan: dict[str, Any],
+    rows: list[dict[str, Any]],
+    markdown: str,
+    rates: Mapping[str, Any] | None,
+    members: list[tuple[str, Path]],
+    files: Sequence[Path] = (),
+) -> list[str]:
     """Rewrite the bundle in ``folder`` (flat, :data:`BUNDLE_FILES` and the
     ``files`` steps return); returns the archive members left out to keep
     it under :data:`FILE_LIMIT`."""

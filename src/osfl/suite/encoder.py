@@ -125,9 +125,13 @@ def encoder_to_bf16(step_dir: Path) -> None:
     tmp = weights.with_name(weights.name + ".tmp")
     save_file(bf16, str(tmp), metadata={"format": "pt"})
     os.replace(tmp, weights)
-    doc["weights"] = {**doc.get("weights", {}), "sha256": _sha256(weights),
-                      "bytes": weights.stat().st_size, "dtype": "bfloat16",
-                      "converted_from": {"dtype": "float32", "sha256": before}}  # fmt: skip
+    doc["weights"] = {
+        **doc.get("weights", {}),
+        "sha256": _sha256(weights),
+        "bytes": weights.stat().st_size,
+        "dtype": "bfloat16",
+        "converted_from": {"dtype": "float32", "sha256": before},
+    }
     card.write_text(json.dumps(doc, indent=2) + "\n")
 
 

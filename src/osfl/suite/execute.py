@@ -47,8 +47,7 @@ import datetime as dt
 import json
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +67,7 @@ from osfl.suite.plan import Planned, make_plan, mark_in_repo, select_steps
 from osfl.suite.preflight import PreflightError, run_preflight
 from osfl.suite.pricing import Pricing
 from osfl.suite.rates import check_rates, measure_rates, read_rates
+from osfl.suite.request import PREFLIGHT_MODES, SuiteRequest, SuiteResult
 from osfl.suite.rows import rows_markdown, step_rows
 from osfl.suite.step_io import (
     atomic_write,
@@ -84,50 +84,30 @@ from osfl.suite.step_io import (
 )
 from osfl.suite.steps import ENCODER, ENCODER_STEP, Step, command_text
 
-__all__ = ["SuiteRequest", "SuiteResult", "check_budget", "rows_in_repo", "run_suite",
-           "with_overrides"]  # fmt: skip
+__all__ = [
+    "SuiteRequest",
+    "SuiteResult",
+    "check_budget",
+    "rows_in_repo",
+    "run_suite",
+    "with_overrides",
+]
 
 RunCommand = Callable[[Sequence[str]], int]
 Measure = Callable[..., dict[str, Any]]
 #: ``preflight(mode, scripts)``: the report of :mod:`osfl.suite.preflight`'s checks.
 Preflight = Callable[[str, Sequence[str]], dict[str, Any]]
-PREFLIGHT_MODES = ("auto", "all", "imports", "none")
-
-
-@dataclass
-class SuiteRequest:
-    out: Path
-    budget_min: float
-    sections: Sequence[str] = ()
-    #: ``--steps``: exactly these steps (and what they need), forced into the plan
-    step_names: Sequence[str] = ()
-    dry_run: bool = False
-    pack_dir: Path | None = None
-    steps: Sequence[Step] | None = None  # the catalogue's (tests pass their own)
-    #: measured rates to use instead of measuring (tests; ``--rates FILE``)
-    rates: Mapping[str, Any] | None = None
-    #: where the bundle goes (None: ``<out>/bundle``)
-    bundle: Path | None = None
-    #: the repository whose rows, encoder and learned factors the plan reads
-    repo: Path | None = None
-    #: minutes of the lease's later command on this machine (0: none follows)
-    then_min: float = 0.0
-    #: ``all`` (imports and every method on the GPU), ``imports``, ``none``;
-    #: ``auto``: ``all`` on a real run, ``imports`` in a dry run
-    preflight: str = "auto"
-
-
-@dataclass
-class SuiteResult:
-    planned: list[Planned]
-    rows: list[dict[str, Any]] = field(default_factory=list)
-    rates_s: float = 0.0
-    wall_s: float = 0.0
 
 
 class _Suite:
-    def __init__(self, req: SuiteRequest, run_command: RunCommand, clock: Callable[[], float],
-                 log: Callable[[str], None], script: RunCommand = run_script):  # fmt: skip
+    def __init__(
+        self,
+        req: SuiteRequest,
+        run_command: RunCommand,
+        clock: Callable[[], float],
+        log: Callable[[str], None],
+        script: RunCommand = run_script,
+    ):
         self.req, self.run_command, self.clock = req, run_command, clock
         self.run_script = script
         self._print = log
@@ -262,8 +242,12 @@ class _Suite:
         try:
             report = check(mode, scripts)
         except PreflightError as e:
-            self.preflight_doc = {"ok": False, "mode": mode, **e.details,
-                                  "seconds": self.clock() - t0}  # fmt: skip
+            self.preflight_doc = {
+                "ok": False,
+                "mode": mode,
+                **e.details,
+                "seconds": self.clock() - t0,
+            }
             self.log(str(e))
             self.write()
             raise
@@ -271,11 +255,16 @@ class _Suite:
         self.preflight_doc = {"ok": True, "mode": mode, **report, "seconds": seconds}
         self.overheads["preflight_s"] = seconds
         ran = len(report.get("methods", []))
-        self.log(f"preflight ({mode}): {len(report.get('imports', []))} imports"
-                 + (f", {ran} methods on {report.get('device')}" if ran else "")
-                 + f" in {seconds:.0f} s"
-                 + (f"; not reached: {', '.join(report['not_reached'])}"
-                    if report.get("not_reached") else ""))  # fmt: skip
+        self.log(
+            f"preflight ({mode}): {len(report.get('imports', []))} imports"
+            + (f", {ran} methods on {report.get('device')}" if ran else "")
+            + f" in {seconds:.0f} s"
+            + (
+                f"; not reached: {', '.join(report['not_reached'])}"
+                if report.get("not_reached")
+                else ""
+            )
+        )
 
     def measure(self, measure: Measure) -> float:
         """This machine's rates: given, kept from an earlier call of the same
@@ -328,8 +317,9 @@ class _Suite:
         fresh = lease_capacities(COMMAND_MINUTES, first_overhead_s(self.rates, preflight_s))
         fresh[0] = max(fresh[0], caps[0])  # a command longer than a lease's first
         self.capacities = {"this_lease": caps, "fresh_lease": fresh}
-        make_plan(self.planned, caps, fresh=fresh, forced=sorted(self.forced),
-                  reach=self.pricing().reach)  # fmt: skip
+        make_plan(
+            self.planned, caps, fresh=fresh, forced=sorted(self.forced), reach=self.pricing().reach
+        )
 
     # ------------------------------------------------------------------ run
     def encoder(self) -> Path:
@@ -366,8 +356,9 @@ class _Suite:
         argv = self.command(p.step)
         p.out = str(self.req.out / "runs" / p.step.name)
         fresh_dir(Path(p.out))  # what a killed call left of this step is not reused
-        self.log(f"running {p.step.name} (estimate {p.estimate_s or 0:.0f} s): "
-                 f"{command_text(argv)}")  # fmt: skip
+        self.log(
+            f"running {p.step.name} (estimate {p.estimate_s or 0:.0f} s): {command_text(argv)}"
+        )
         self.current, p.job = (p, self.clock()), self.started
         ok, p.seconds, why = self.execute(argv)
         self.current = None
@@ -434,8 +425,15 @@ class _Suite:
         members = archive_members({p.step.name: Path(p.out) for p in done}, [out / "suite.log"])
         returned = [Path(p.out) / f for p in done for f in p.step.returns]  # type: ignore[arg-type]
         bundle = self.req.bundle or out / "bundle"
-        write_bundle(bundle, plan=doc, rows=self.rows, markdown=markdown, rates=self.rates,
-                     members=members, files=returned)  # fmt: skip
+        write_bundle(
+            bundle,
+            plan=doc,
+            rows=self.rows,
+            markdown=markdown,
+            rates=self.rates,
+            members=members,
+            files=returned,
+        )
 
 
 def run_suite(
@@ -459,8 +457,9 @@ def run_suite(
     check_budget(req.then_min, what="the later command", zero=True)
     if req.preflight not in PREFLIGHT_MODES:
         raise ConfigError(f"preflight must be one of {', '.join(PREFLIGHT_MODES)}")
-    select_steps(req.sections, list(req.steps) if req.steps is not None else STEPS,
-                 names=req.step_names)  # fmt: skip
+    select_steps(
+        req.sections, list(req.steps) if req.steps is not None else STEPS, names=req.step_names
+    )
     req.out.mkdir(parents=True, exist_ok=True)
     use_pack(req.pack_dir, log)
     suite = _Suite(req, run_command, clock, log, script)

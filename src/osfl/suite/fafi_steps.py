@@ -52,8 +52,10 @@ def _salt_split(seed: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     subsets = (
         c for k in range(1, len(sizes)) for c in itertools.combinations(range(len(sizes)), k)
     )
-    row = max((c for c in subsets if sum(sizes[i] for i in c) <= limit),
-              key=lambda c: (sum(sizes[i] for i in c), [-i for i in c]))  # fmt: skip
+    row = max(
+        (c for c in subsets if sum(sizes[i] for i in c) <= limit),
+        key=lambda c: (sum(sizes[i] for i in c), [-i for i in c]),
+    )
     return tuple(i for i in range(len(sizes)) if i not in row), tuple(row)
 
 

@@ -111,10 +111,16 @@ def job_record(plan: Mapping[str, Any], rates: Mapping[str, Any]) -> dict[str, A
         killed = status == "failed" and "interrupted" in str(s.get("reason", ""))
         if (status != "done" and not killed) or _ratio(s) is None:
             continue  # nothing to learn from (a failure, no seconds)
-        steps.append({"step": str(s["step"]["name"]), "kind": str(s.get("kind", "")),
-                      "status": "done" if status == "done" else "killed",
-                      "seconds": s.get("seconds"), "base_s": s.get("base_s"),
-                      "estimate_s": s.get("estimate_s")})  # fmt: skip
+        steps.append(
+            {
+                "step": str(s["step"]["name"]),
+                "kind": str(s.get("kind", "")),
+                "status": "done" if status == "done" else "killed",
+                "seconds": s.get("seconds"),
+                "base_s": s.get("base_s"),
+                "estimate_s": s.get("estimate_s"),
+            }
+        )
     overheads = plan.get("overheads") or {}
     keep = ("resnet18_32", "vits16_224", "vitti16_224", "decode", "resize_224", "startup_s")
     started = plan.get("started")

@@ -90,11 +90,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--device", default="cuda")
-    p.add_argument("--variants", default="eager",
-                   help="comma-separated set-ups to time, each +-joined from "
-                        f"{', '.join(VARIANT_FLAGS)}, bN (default eager)")  # fmt: skip
-    p.add_argument("--compile-backend", default="inductor",
-                   help="torch.compile's backend for the compile variants (default inductor)")  # fmt: skip
+    p.add_argument(
+        "--variants",
+        default="eager",
+        help="comma-separated set-ups to time, each +-joined from "
+        f"{', '.join(VARIANT_FLAGS)}, bN (default eager)",
+    )
+    p.add_argument(
+        "--compile-backend",
+        default="inductor",
+        help="torch.compile's backend for the compile variants (default inductor)",
+    )
     p.add_argument("--out", required=True)
     return p
 
@@ -163,8 +169,9 @@ class _Bench:
         return int(counter.get_total_flops())
 
 
-def time_variant(bench: _Bench, v: Variant, flops: int, peak: float | None,
-                 compile_fn: Callable[..., Any]) -> dict[str, Any]:  # fmt: skip
+def time_variant(
+    bench: _Bench, v: Variant, flops: int, peak: float | None, compile_fn: Callable[..., Any]
+) -> dict[str, Any]:
     """One variant: its first step (the compilation, if any) timed apart,
     then ``--warmup`` steps, then ``--steps`` timed."""
     args = bench.args

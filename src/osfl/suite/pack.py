@@ -104,8 +104,9 @@ def check_max_per_class(value: Any) -> int | None:
     return int(value)
 
 
-def pack_imagefolder(root: str | os.PathLike[str], out: str | os.PathLike[str], *,
-                     max_per_class: int | None = None) -> dict[str, Any]:  # fmt: skip
+def pack_imagefolder(
+    root: str | os.PathLike[str], out: str | os.PathLike[str], *, max_per_class: int | None = None
+) -> dict[str, Any]:
     """Pack the image folder ``root`` into the pack file ``out`` (the files'
     bytes, shared prefixes stored once); returns its manifest entry (images
     per split, the files' own bytes, the pack's bytes and sha256)."""
@@ -177,9 +178,22 @@ def wheel_download_command(dest: str | os.PathLike[str]) -> list[str]:
     (the machine has the rest)."""
     pins = [f"{name}=={importlib.metadata.version(name)}" for name in LENT_MACHINE_LACKS]
     platforms = [a for p in _LENT_PLATFORMS for a in ("--platform", p)]
-    return [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--python-version", LENT_PYTHON, "--implementation", "cp", *platforms,
-            "-d", str(dest), *pins]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--python-version",
+        LENT_PYTHON,
+        "--implementation",
+        "cp",
+        *platforms,
+        "-d",
+        str(dest),
+        *pins,
+    ]
 
 
 def download_lent_wheels(dest: Path) -> list[Path]:
@@ -246,10 +260,14 @@ def _replace_pack(work: Path, out: Path) -> None:
     shutil.rmtree(work)
 
 
-def _pack_into(out: Path, cifar10: str | os.PathLike[str] | None,
-               weights: Iterable[str | os.PathLike[str]],
-               wheels: Iterable[str | os.PathLike[str]], max_per_class: int | None,
-               limit_bytes: int) -> dict[str, Any]:  # fmt: skip
+def _pack_into(
+    out: Path,
+    cifar10: str | os.PathLike[str] | None,
+    weights: Iterable[str | os.PathLike[str]],
+    wheels: Iterable[str | os.PathLike[str]],
+    max_per_class: int | None,
+    limit_bytes: int,
+) -> dict[str, Any]:
     """:func:`pack` into the fresh folder ``out``."""
     out.mkdir(parents=True)
     files: dict[str, Any] = {}

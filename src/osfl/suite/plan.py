@@ -114,8 +114,9 @@ def units(planned: Sequence[Planned]) -> list[list[Planned]]:
     return out
 
 
-def assign(estimates: Sequence[float], caps: Sequence[float], load: Sequence[float],
-           earliest: int = 0) -> list[int] | None:  # fmt: skip
+def assign(
+    estimates: Sequence[float], caps: Sequence[float], load: Sequence[float], earliest: int = 0
+) -> list[int] | None:
     """Commands for steps of ``estimates`` (in order, each no earlier than
     the one before: a row after its parts) within ``caps`` less ``load``,
     earliest first; ``None`` when there are none."""
@@ -157,20 +158,26 @@ class _Placer:
             self.put(p, 0)
             p.reason = "forced (--steps)"
 
+    def missing(
+        self, unit: Sequence[Planned], todo: Sequence[Planned], outside: set[str]
+    ) -> list[str]:
+        """What ``todo`` needs that is not placed, so the unit cannot run:
+        a step outside the unit, or a part of this row that neither waits
+        nor finished (a safety net: a new call plans every unfinished step
+        afresh)."""
+        missing = sorted(n for n in outside if n not in self.placed)
+        missing += [q.step.name for q in unit if q not in todo and q.status not in SETTLED]
+        return missing
+
     def place(self, unit: Sequence[Planned], todo: list[Planned]) -> None:
         inside = {p.step.name for p in unit}
         outside = {n for p in todo for n in p.step.needs} - inside
-        missing = sorted(n for n in outside if n not in self.placed)
-        # a part of this row that neither waits nor finished (a safety net:
-        # a new call plans every unfinished step afresh)
-        missing += [q.step.name for q in unit if q not in todo and q.status not in SETTLED]
+        missing = self.missing(unit, todo, outside)
         if missing:
-            for p in todo:
-                p.status, p.reason = "skipped", f"needs {', '.join(missing)}, not planned"
+            _skip(todo, f"needs {', '.join(missing)}, not planned")
             return
         if any(p.estimate_s is None for p in todo):
-            for p in todo:
-                p.status, p.reason = "skipped", "no estimate"
+            _skip(todo, "no estimate")
             return
         est = [float(p.estimate_s) for p in todo]  # type: ignore[arg-type]
         earliest = max([0, *(self.placed[n] for n in outside)])
@@ -217,14 +224,10 @@ def make_plan(
     line between "not in this lease" and "out of reach"; default
     ``capacities``). A ``forced`` step (``--steps``) is planned into this
     command whatever its estimate. Returns ``planned``."""
-    caps = [float(c) for c in capacities]
-    if not caps or not all(math.isfinite(c) for c in caps):
-        raise ConfigError(f"the budget must be a finite number of seconds, got {capacities}")
+    caps = _capacities(capacities)
     placer = _Placer(caps, caps if fresh is None else fresh, reach)
     placer.placed.update({p.step.name: -1 for p in planned if p.status in SETTLED})
-    every = units(planned)
-    started = [u for u in every if any(p.status == "done" for p in u)]
-    for unit in started + [u for u in every if u not in started]:
+    for unit in _started_first(units(planned)):
         todo = [p for p in unit if p.status == "pending"]
         if not todo:
             continue
@@ -238,8 +241,36 @@ def make_plan(
     return list(planned)
 
 
-def mark_in_repo(planned: Sequence[Planned], in_repo: Mapping[str, str], *,
-                 encoder: str | None = None, keep: Iterable[str] = ()) -> None:  # fmt: skip
+def _skip(todo: Iterable[Planned], reason: str) -> None:
+    """Skip every step of a unit with one reason: a row is placed whole or
+    not at all (module docstring)."""
+    for p in todo:
+        p.status, p.reason = "skipped", reason
+
+
+def _capacities(capacities: Sequence[float]) -> list[float]:
+    """The budget's seconds as floats, refused when empty or not finite (an
+    infinite budget would plan every step, whatever it costs)."""
+    caps = [float(c) for c in capacities]
+    if not caps or not all(math.isfinite(c) for c in caps):
+        raise ConfigError(f"the budget must be a finite number of seconds, got {capacities}")
+    return caps
+
+
+def _started_first(every: list[list[Planned]]) -> list[list[Planned]]:
+    """The units with a part already done first (an earlier command of this
+    lease trained it, so its row must follow), the others in value order."""
+    started = [u for u in every if any(p.status == "done" for p in u)]
+    return started + [u for u in every if u not in started]
+
+
+def mark_in_repo(
+    planned: Sequence[Planned],
+    in_repo: Mapping[str, str],
+    *,
+    encoder: str | None = None,
+    keep: Iterable[str] = (),
+) -> None:
     """Mark the pending steps whose rows are in the repository (``in_repo``:
     step -> the file holding them; a row's parts go with their row)
     ``in_repo``, except those in ``keep`` (``--steps``). A step whose output
@@ -248,10 +279,7 @@ def mark_in_repo(planned: Sequence[Planned], in_repo: Mapping[str, str], *,
     and the repository holds a copy of it (``encoder``: its path): then the
     encoder step is ``in_repo`` too and what needs it reads that copy."""
     pending = [p for p in planned if p.status == "pending"]
-    found = dict(in_repo)
-    found |= {p.step.name: found[p.step.feeds] for p in pending if p.step.feeds in found}
-    if encoder is not None:
-        found[ENCODER_STEP] = f"the encoder is committed at {encoder}"
+    found = _found_in_repo(pending, in_repo, encoder)
     skip = {p.step.name for p in pending if p.step.name in found} - set(keep)
     reads = {n for p in pending if p.step.name not in skip for n in p.step.needs}
     skip -= {n for n in reads if not (n == ENCODER_STEP and encoder is not None)}
@@ -260,3 +288,16 @@ def mark_in_repo(planned: Sequence[Planned], in_repo: Mapping[str, str], *,
             where = found[p.step.name]
             p.status = "in_repo"
             p.reason = where if where.startswith("the encoder") else f"its rows are in {where}"
+
+
+def _found_in_repo(
+    pending: Sequence[Planned], in_repo: Mapping[str, str], encoder: str | None
+) -> dict[str, str]:
+    """Step -> where its rows are: ``in_repo``, each pending part of a row
+    there (a part goes with its row) and the encoder when a copy is
+    committed (``encoder``)."""
+    found = dict(in_repo)
+    found |= {p.step.name: found[p.step.feeds] for p in pending if p.step.feeds in found}
+    if encoder is not None:
+        found[ENCODER_STEP] = f"the encoder is committed at {encoder}"
+    return found

@@ -62,8 +62,20 @@ IMPORTS = (
 #: The preflight's own limit: no method is started after it.
 BUDGET_S = 90.0
 #: The methods the catalogue's steps run, proven first.
-FIRST = ("fafi", "fedavg", "ensemble", "adi", "fedmitr", "fedpft", "fedcgs", "ghofl",
-         "falcon", "fedhead", "fedlora", "eftvit")  # fmt: skip
+FIRST = (
+    "fafi",
+    "fedavg",
+    "ensemble",
+    "adi",
+    "fedmitr",
+    "fedpft",
+    "fedcgs",
+    "ghofl",
+    "falcon",
+    "fedhead",
+    "fedlora",
+    "eftvit",
+)
 #: The tiny task (before each method's ``smoke`` overrides).
 TINY = (
     "data.image_size=8",
@@ -108,8 +120,9 @@ def _op_tracker() -> Any:
     class LastOp(TorchDispatchMode):
         op = "no op yet"
 
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
-                               kwargs: Any = None) -> Any:  # fmt: skip
+        def __torch_dispatch__(
+            self, func: Any, types: Any, args: Any = (), kwargs: Any = None
+        ) -> Any:
             self.op = str(func)
             return func(*args, **(kwargs or {}))
 
@@ -137,16 +150,18 @@ def check_imports(modules: Sequence[str] = IMPORTS, scripts: Sequence[str] = ())
         try:
             importlib.import_module(name)
         except Exception as e:
-            raise PreflightError(f"preflight: cannot import {name} ({type(e).__name__}: {e})",
-                                 module=name) from None  # fmt: skip
+            raise PreflightError(
+                f"preflight: cannot import {name} ({type(e).__name__}: {e})", module=name
+            ) from None
     for path in dict.fromkeys(scripts):
         if not Path(path).is_file():
             raise PreflightError(f"preflight: {path} does not exist (run from the repository root)")
         try:
             runpy.run_path(path, run_name="osfl_preflight")
         except Exception as e:
-            raise PreflightError(f"preflight: cannot load {path} ({type(e).__name__}: {e})",
-                                 module=path) from None  # fmt: skip
+            raise PreflightError(
+                f"preflight: cannot load {path} ({type(e).__name__}: {e})", module=path
+            ) from None
     return [*modules, *dict.fromkeys(scripts)]
 
 
@@ -175,9 +190,14 @@ def run_method(name: str, device: Any, splits: dict[str, Any]) -> None:
     SimulationRuntime().execute(assembly.build_job(cfg, name, ctx))
 
 
-def check_methods(device: Any, names: Sequence[str] | None = None, *, budget_s: float = BUDGET_S,
-                  clock: Callable[[], float] = time.monotonic,
-                  run: Callable[[str, Any, dict[str, Any]], None] = run_method) -> dict[str, Any]:  # fmt: skip
+def check_methods(
+    device: Any,
+    names: Sequence[str] | None = None,
+    *,
+    budget_s: float = BUDGET_S,
+    clock: Callable[[], float] = time.monotonic,
+    run: Callable[[str, Any, dict[str, Any]], None] = run_method,
+) -> dict[str, Any]:
     """Run every method of ``names`` (default: every registered one) once on
     ``device`` (:func:`run_method`); the first failure is a
     :class:`PreflightError` naming the method and the op. Returns what ran,
@@ -202,15 +222,20 @@ def check_methods(device: Any, names: Sequence[str] | None = None, *, budget_s: 
         except Exception as e:
             where = _where(e.__traceback__)
             text = " ".join(f"{type(e).__name__}: {e}".split())[:400]
-            raise PreflightError(f"preflight on {device}: method {name} failed at op {tracker.op} "
-                                 f"({where}): {text}", method=name, op=tracker.op, where=where,
-                                 done=[d["method"] for d in done]) from None  # fmt: skip
+            raise PreflightError(
+                f"preflight on {device}: method {name} failed at op {tracker.op} ({where}): {text}",
+                method=name,
+                op=tracker.op,
+                where=where,
+                done=[d["method"] for d in done],
+            ) from None
         done.append({"method": name, "seconds": clock() - t0})
     return {"methods": done, "not_reached": [], "seconds": clock() - start}
 
 
-def run_preflight(mode: str, scripts: Sequence[str], *, device: Any = None,
-                  names: Sequence[str] | None = None) -> dict[str, Any]:  # fmt: skip
+def run_preflight(
+    mode: str, scripts: Sequence[str], *, device: Any = None, names: Sequence[str] | None = None
+) -> dict[str, Any]:
     """The preflight of ``mode`` (``all`` or ``imports``): the imports, then,
     for ``all``, every method on ``device`` (default CUDA, which it needs)."""
     report: dict[str, Any] = {"imports": check_imports(scripts=scripts)}
@@ -219,8 +244,10 @@ def run_preflight(mode: str, scripts: Sequence[str], *, device: Any = None,
             import torch  # heavy: torch
 
             if not torch.cuda.is_available():
-                raise PreflightError("the preflight's method runs need a CUDA device; use --dry-run "
-                                  "or --preflight imports")  # fmt: skip
+                raise PreflightError(
+                    "the preflight's method runs need a CUDA device; use --dry-run "
+                    "or --preflight imports"
+                )
             device = torch.device("cuda")
         report.update(check_methods(device, names), device=str(device))
     return report

@@ -56,8 +56,13 @@ class Preview:
     learned: Learned
 
 
-def _plan_lease(steps: Sequence[Step], pricing: Pricing, caps: Sequence[float],
-                imported: Mapping[str, str], encoder: bool) -> list[Planned]:  # fmt: skip
+def _plan_lease(
+    steps: Sequence[Step],
+    pricing: Pricing,
+    caps: Sequence[float],
+    imported: Mapping[str, str],
+    encoder: bool,
+) -> list[Planned]:
     planned = [Planned(s) for s in steps]
     for p in planned:
         p.base_s = pricing.base(p.step)
@@ -68,11 +73,18 @@ def _plan_lease(steps: Sequence[Step], pricing: Pricing, caps: Sequence[float],
     return make_plan(planned, caps, reach=pricing.reach)
 
 
-def preview_leases(rates: Mapping[str, Any], *, minutes: float = 10.0, leases: int = 3,
-                   sections: Sequence[str] = (), steps: Sequence[Step] = STEPS,
-                   in_repo: Mapping[str, str] | None = None, encoder: bool = False,
-                   learned: Learned | None = None,
-                   lease_minutes: float = LEASE_MINUTES) -> Preview:  # fmt: skip
+def preview_leases(
+    rates: Mapping[str, Any],
+    *,
+    minutes: float = 10.0,
+    leases: int = 3,
+    sections: Sequence[str] = (),
+    steps: Sequence[Step] = STEPS,
+    in_repo: Mapping[str, str] | None = None,
+    encoder: bool = False,
+    learned: Learned | None = None,
+    lease_minutes: float = LEASE_MINUTES,
+) -> Preview:
     """Plan ``leases`` successive leases at ``rates`` (module docstring);
     ``in_repo`` / ``encoder``: the rows and encoder the repository holds now."""
     rates = check_rates(rates, "the rates")
@@ -107,31 +119,59 @@ def _rates_line(rates: Mapping[str, Any]) -> str:
 
 
 def preview_text(pv: Preview, lease_minutes: float = LEASE_MINUTES) -> str:
-    """The preview as a person reads it."""
+    """The preview as a person reads it: the rates and lease shape, then
+    each lease's commands, then what is left."""
     then = later_minutes(pv.minutes, lease_minutes)
     mins = [pv.minutes, then][: len(pv.capacities)]
+    lines = _header_lines(pv, mins)
+    for lease in pv.leases:
+        lines += _lease_lines(lease, pv.capacities, mins)
+    lines += _left_lines(pv)
+    return "\n".join(lines) + "\n"
+
+
+def _header_lines(pv: Preview, mins: Sequence[float]) -> list[str]:
+    """The rates, the shape of each lease and the learned factors: what
+    every estimate below is computed from."""
     lines = [f"rates ({pv.rates.get('machine', 'given')}): {_rates_line(pv.rates)}"]
     shape = " then ".join(
         f"a {m:g}-min command ({command_budget_s(m):.0f} s of budget, {c:.0f} s for steps)"
         for m, c in zip(mins, pv.capacities, strict=True)
     )
-    lines.append(f"each lease: {shape}; the first spends {pv.overhead_s:.0f} s on the preflight "
-                 "and the rates first, and 10 % of each budget stays unplanned")  # fmt: skip
-    factors = {**{f"step {k}": v for k, v in pv.learned.steps.items()},
-               **{f"kind {k}": v for k, v in pv.learned.kinds.items()}}  # fmt: skip
+    lines.append(
+        f"each lease: {shape}; the first spends {pv.overhead_s:.0f} s on the preflight "
+        "and the rates first, and 10 % of each budget stays unplanned"
+    )
+    factors = {
+        **{f"step {k}": v for k, v in pv.learned.steps.items()},
+        **{f"kind {k}": v for k, v in pv.learned.kinds.items()},
+    }
     lines.append(
         "learned: " + (", ".join(f"{k} x{v:.2f}" for k, v in factors.items()) or "nothing yet")
     )
-    for lease in pv.leases:
-        lines += ["", f"lease {lease.index}"]
-        for c, (steps, cap) in enumerate(zip(lease.commands, pv.capacities, strict=True)):
-            used = sum(p.estimate_s or 0.0 for p in steps)
-            lines.append(f"  command {c + 1} ({mins[c]:g} min): {used:.0f} of {cap:.0f} s")
-            for p in steps:
-                what = f"part of {p.step.feeds}" if p.step.feeds else f"row {p.step.headline}"
-                lines.append(f"    {p.step.name:34} {p.estimate_s or 0:6.0f} s  {what}")
-        lines.append("  rows back: " + ", ".join(p.step.name for p in lease.rows))
-    lines += ["", f"after {len(pv.leases)} lease(s):"]
+    return lines
+
+
+def _lease_lines(
+    lease: LeasePreview, capacities: Sequence[float], mins: Sequence[float]
+) -> list[str]:
+    """One lease: each command's steps with their estimates, and the rows it
+    brings back."""
+    lines = ["", f"lease {lease.index}"]
+    for c, (steps, cap) in enumerate(zip(lease.commands, capacities, strict=True)):
+        used = sum(p.estimate_s or 0.0 for p in steps)
+        lines.append(f"  command {c + 1} ({mins[c]:g} min): {used:.0f} of {cap:.0f} s")
+        for p in steps:
+            what = f"part of {p.step.feeds}" if p.step.feeds else f"row {p.step.headline}"
+            lines.append(f"    {p.step.name:34} {p.estimate_s or 0:6.0f} s  {what}")
+    lines.append("  rows back: " + ", ".join(p.step.name for p in lease.rows))
+    return lines
+
+
+def _left_lines(pv: Preview) -> list[str]:
+    """What the leases did not run: in reach for more leases, or out of
+    reach, grouped by the reason (the rate that would bring it in reach)."""
+    lines = ["", f"after {len(pv.leases)} lease(s):"]
     waiting = [p.step.name for p in pv.left if p.status in ("planned", "later", "skipped")]
     lines.append("  in reach, for more leases: " + (", ".join(waiting) or "nothing"))
     reasons: dict[str, list[str]] = {}
@@ -140,4 +180,4 @@ def preview_text(pv: Preview, lease_minutes: float = LEASE_MINUTES) -> str:
             reasons.setdefault(p.reason, []).append(p.step.name)
     for why, names in reasons.items():
         lines.append(f"  {', '.join(names)}: {why}")
-    return "\n".join(lines) + "\n"
+    return lines

@@ -55,8 +55,9 @@ def _timed_steps(step: Callable[[], None], sync: Callable[[], None], n: int) -> 
     return (time.perf_counter() - t0) / n
 
 
-def _train_rate(name: str, size: int, batch: int, steps: int, device: Any,
-                **kwargs: Any) -> tuple[float, float]:  # fmt: skip
+def _train_rate(
+    name: str, size: int, batch: int, steps: int, device: Any, **kwargs: Any
+) -> tuple[float, float]:
     """(images/s, seconds to the first finished step) of one training step of
     model ``name`` at ``size`` px: bf16 autocast on CUDA, channels_last for
     convnets there (what the training step uses on a GPU)."""

@@ -8,11 +8,11 @@ rows by section and what did not run.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from osfl.record import RunRecord
+from osfl.record import RunRecord, plain
 from osfl.suite.bundle import read_json
 from osfl.suite.plan import Planned
 from osfl.suite.steps import ENCODER, Step, command_text
@@ -36,8 +36,17 @@ def step_rows(step: Step, out: Path, argv: Sequence[str], *, dry_run: bool) -> l
         acc = card["results"]["held_out"].get("accuracy")
         ours = None if acc is None else 100 * acc
         env = card.get("training", {}).get("environment") or card.get("provenance", {})
-        return [{**common, "method": "encoder (held-out accuracy)", "setting": "",
-                 "paper": None, "ours": ours, "per_seed": [ours], "provenance": env}]  # fmt: skip
+        return [
+            {
+                **common,
+                "method": "encoder (held-out accuracy)",
+                "setting": "",
+                "paper": None,
+                "ours": ours,
+                "per_seed": [ours],
+                "provenance": env,
+            }
+        ]
     if step.kind == "mfu":
         return _mfu_rows(step, read_json(out / "mfu.json", dict), common)
     if step.kind == "script":
@@ -57,10 +66,19 @@ def step_rows(step: Step, out: Path, argv: Sequence[str], *, dry_run: bool) -> l
         accs = [100 * r.ranked_accuracy for r in recs]  # type: ignore[operator]
         # the server predictor's accuracy; a method without one: its clients' own models' mean
         label = method + (CLIENTS_MEAN_LABEL if recs[0].accuracy_is_clients_mean else "")
-        rows.append({**common, "method": label, "setting": point, "paper": step.paper.get(method),
-                     "ours": statistics.mean(accs), "ours_text": mean_std_text(accs),
-                     "seeds": [r.seed for r in recs], "per_seed": accs,
-                     "provenance": recs[0].get("provenance", {})})  # fmt: skip
+        rows.append(
+            {
+                **common,
+                "method": label,
+                "setting": point,
+                "paper": step.paper.get(method),
+                "ours": statistics.mean(accs),
+                "ours_text": mean_std_text(accs),
+                "seeds": [r.seed for r in recs],
+                "per_seed": accs,
+                "provenance": plain(recs[0].provenance or {}),
+            }
+        )
     return rows
 
 
@@ -72,11 +90,20 @@ def _mfu_rows(step: Step, m: dict[str, Any], common: dict[str, Any]) -> list[dic
     for v in variants:
         ours = None if v.get("mfu") is None else 100 * v["mfu"]
         name = f"MFU {m['model']} {m['dtype']}" + (f" ({v['variant']})" if v.get("variant") else "")
-        rows.append({**common, "method": name, "setting": f"batch {v['batch']}",
-                     "paper": step.paper.get("mfu"), "ours": ours, "per_seed": [ours],
-                     "achieved_tflops": v["achieved_tflops"],
-                     "images_per_s": v.get("images_per_s"), "compile_s": v.get("compile_s"),
-                     "provenance": m["provenance"]})  # fmt: skip
+        rows.append(
+            {
+                **common,
+                "method": name,
+                "setting": f"batch {v['batch']}",
+                "paper": step.paper.get("mfu"),
+                "ours": ours,
+                "per_seed": [ours],
+                "achieved_tflops": v["achieved_tflops"],
+                "images_per_s": v.get("images_per_s"),
+                "compile_s": v.get("compile_s"),
+                "provenance": m["provenance"],
+            }
+        )
     return rows
 
 
@@ -99,9 +126,19 @@ def _script_rows(step: Step, out: Path, common: dict[str, Any]) -> list[dict[str
                 setting = f"{r['model']} {r['act']} B{r['batch_size']} m{r['steps']}"
                 values = {a: v["iAcc"] for a, v in r.items() if isinstance(v, dict) and "iAcc" in v}
             for attack, v in values.items():
-                rows.append({**common, "method": attack, "setting": setting, "unit": "fraction",
-                             "paper": step.paper.get(f"{attack} {setting}"), "ours": v,
-                             "seeds": [0], "per_seed": [v], "provenance": {}})  # fmt: skip
+                rows.append(
+                    {
+                        **common,
+                        "method": attack,
+                        "setting": setting,
+                        "unit": "fraction",
+                        "paper": step.paper.get(f"{attack} {setting}"),
+                        "ours": v,
+                        "seeds": [0],
+                        "per_seed": [v],
+                        "provenance": {},
+                    }
+                )
     return rows
 
 
@@ -115,10 +152,47 @@ def _machine(rows: Sequence[dict[str, Any]]) -> str:
     for r in rows:
         p = r.get("provenance") or {}
         if p.get("gpu"):
-            return (f"{p['gpu']}, driver {p.get('cuda_driver')}, CUDA {p.get('cuda')}, "
-                    f"torch {p.get('torch')}, dtype {p.get('dtype', 'see record')}")  # fmt: skip
+            return (
+                f"{p['gpu']}, driver {p.get('cuda_driver')}, CUDA {p.get('cuda')}, "
+                f"torch {p.get('torch')}, dtype {p.get('dtype', 'see record')}"
+            )
     p = rows[0].get("provenance") or {} if rows else {}
     return f"no GPU (device {p.get('device', 'cpu')}, torch {p.get('torch')})"
+
+
+def _decimals(row: Mapping[str, Any]) -> int:
+    """Three decimals for a fraction (RLU's iAcc), two for a percentage."""
+    return 3 if row.get("unit") == "fraction" else 2
+
+
+def _row_line(r: Mapping[str, Any]) -> str:
+    """One row of a section's table: paper, ours, each seed's value, where it ran."""
+    d = _decimals(r)
+    paper = "—" if r["paper"] is None else f"{r['paper']:.{d}f}"
+    ours = r.get("ours_text") or ("—" if r["ours"] is None else f"{r['ours']:.{d}f}")
+    seeds = ", ".join(
+        f"{s}: {v:.{d}f}" if v is not None else f"{s}: —"
+        for s, v in zip(r.get("seeds", [0] * len(r["per_seed"])), r["per_seed"], strict=True)
+    )
+    return (
+        f"| {r['step']} | {r['method']} | {r['setting']} | {paper} | {ours} | "
+        f"{seeds} | {r['scale']} | {backbone_label(r)} |"
+    )
+
+
+def _section_lines(section: str, rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """A section's table, the command of each of its steps and its notes."""
+    ours = [r for r in rows if r["section"] == section]
+    lines = ["", f"## {section}", ""]
+    lines.append("| step | method | setting | paper | ours | seeds (per seed) | scale | ours on |")
+    lines.append("|---|---|---|---:|---:|---|---|---|")
+    lines += [_row_line(r) for r in ours]
+    commands = {r["step"]: r["command"] for r in ours}
+    lines.append("")
+    lines += [f"- `{step}`: `{cmd}`" for step, cmd in commands.items()]
+    notes = {(r["paper_note"], r["scale_note"]) for r in ours}
+    lines += [f"\nPaper: {p}. Ours: {s}." for p, s in sorted(notes)]
+    return lines
 
 
 def rows_markdown(rows: Sequence[dict[str, Any]], planned: Sequence[Planned]) -> str:
@@ -129,30 +203,7 @@ def rows_markdown(rows: Sequence[dict[str, Any]], planned: Sequence[Planned]) ->
     ]
     lines.append(f"Machine: {_machine(rows)}.")
     for section in dict.fromkeys(r["section"] for r in rows):
-        lines += ["", f"## {section}", ""]
-        lines.append(
-            "| step | method | setting | paper | ours | seeds (per seed) | scale | ours on |"
-        )
-        lines.append("|---|---|---|---:|---:|---|---|---|")
-        commands: dict[str, str] = {}
-        for r in (r for r in rows if r["section"] == section):
-            d = 3 if r.get("unit") == "fraction" else 2
-            paper = "—" if r["paper"] is None else f"{r['paper']:.{d}f}"
-            ours = r.get("ours_text") or ("—" if r["ours"] is None else f"{r['ours']:.{d}f}")
-            seeds = ", ".join(
-                f"{s}: {v:.{d}f}" if v is not None else f"{s}: —"
-                for s, v in zip(
-                    r.get("seeds", [0] * len(r["per_seed"])), r["per_seed"], strict=True
-                )
-            )
-            lines.append(f"| {r['step']} | {r['method']} | {r['setting']} | {paper} | {ours} | "
-                         f"{seeds} | {r['scale']} | {backbone_label(r)} |")  # fmt: skip
-            commands[r["step"]] = r["command"]
-        lines.append("")
-        lines += [f"- `{step}`: `{cmd}`" for step, cmd in commands.items()]
-        notes = {(r["paper_note"], r["scale_note"]) for r in rows if r["section"] == section}
-        for paper_note, scale_note in sorted(notes):
-            lines.append(f"\nPaper: {paper_note}. Ours: {scale_note}.")
+        lines += _section_lines(section, rows)
     lines += ["", "## Not run", ""]
     rest = [p for p in planned if p.status != "done"]
     lines += [f"- {p.step.name}: {p.status} ({p.reason})" for p in rest] or ["- nothing"]

@@ -117,15 +117,23 @@ NOT_CURVES = ("num_samples",)
 
 def round_scalars(round_record: Mapping[str, Any]) -> dict[str, float]:
     """A round as the run saw it (``RoundRecord.as_dict()``) -> its scalars:
-    ``accuracy`` (the server predictor's test accuracy, as the record's
-    ``curve`` holds it), the other numeric evaluation metrics by name, and the
-    round's bytes and seconds."""
+    every numeric evaluation metric under the name the round event, the
+    record's ``curve`` and ``metrics.json`` give it (``global_test_accuracy``:
+    the server predictor's; ``mean_client_accuracy``: the clients' own
+    models' mean, where they have models of their own), ``accuracy``: the
+    one the tables rank (the server predictor's, else the clients' mean:
+    :attr:`osfl.record.CurvePoint.ranked_accuracy`), and the round's bytes
+    and seconds."""
     metrics = round_record.get("metrics") or {}
     out: dict[str, float] = {}
+    ranked = _scalar(metrics.get("global_test_accuracy"))
+    ranked = _scalar(metrics.get("mean_client_accuracy")) if ranked is None else ranked
+    if ranked is not None:
+        out["accuracy"] = ranked
     for key, value in metrics.items():
         number = _scalar(value)
         if number is not None and key not in NOT_CURVES:
-            out["accuracy" if key == "global_test_accuracy" else key] = number
+            out[key] = number
     for key in ROUND_COUNTERS:
         number = _scalar(round_record.get(key))
         if number is not None:
@@ -135,24 +143,25 @@ def round_scalars(round_record: Mapping[str, Any]) -> dict[str, float]:
 
 def record_scalars(record: RunRecord) -> dict[str, float]:
     """A finished record's headline numbers: ``accuracy`` (what the tables
-    rank, :attr:`RunRecord.ranked_accuracy`), the accuracies it holds, bytes
-    and the total seconds."""
+    rank, :attr:`RunRecord.ranked_accuracy`), the accuracies it holds under
+    their record names, bytes and the total seconds."""
     values = {
         "accuracy": record.ranked_accuracy,
         "global_test_accuracy": record.global_test_accuracy,
         "mean_client_accuracy": record.mean_client_accuracy,
         "local_test_accuracy": record.local_test_accuracy,
+        "mean_client_local_test_accuracy": record.mean_client_local_test_accuracy,
         "bytes_up": record.bytes_up,
         "bytes_down": record.bytes_down,
-        "time_s": (record.time_s or {}).get("total"),
+        "time_s": record.total_seconds,
     }
     return {k: v for k, v in ((k, _scalar(v)) for k, v in values.items()) if v is not None}
 
 
 def last_round(record: RunRecord) -> int:
     """The step a record's final numbers are logged at: its last round."""
-    rounds = record.get("rounds")
-    return int(rounds) - 1 if isinstance(rounds, int) and rounds > 0 else 0
+    rounds = record.rounds
+    return rounds - 1 if rounds is not None and rounds > 0 else 0
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:

@@ -19,10 +19,11 @@ from osfl.config import load_config, to_yaml
 from osfl.data.sources import load_data
 from osfl.errors import ConfigError, DataError
 from osfl.fl.runtime.sites import NoClientData, Site, SiteRegistry, SiteScore, merge_site_scores
-from osfl.flower.app.apps import serve_experiment
 from osfl.flower.client import make_client_app
 from osfl.flower.loopback import FIRST_NODE_ID, LoopbackGrid, loopback_identity
 from osfl.flower.spec import JobSpec
+from osfl.flower_app.apps import serve_experiment
+from support.tiny import TINY_GREY
 
 CLASSES = [str(i) for i in range(10)]
 #: Each site's classes (non-IID: site 2 holds four of the ten).
@@ -75,12 +76,10 @@ def experiment(**extra: Any) -> str:
     cfg = load_config(
         None,
         [
-            "data.image_size=8",
-            "data.channels=1",
+            *TINY_GREY,
             f"data.classes={json.dumps(CLASSES)}",
             "transform.mean=[0.3]",
             "transform.std=[0.3]",
-            "partition.num_clients=3",
             "methods=[fedavg]",
             "train.epochs=20",
             "train.batch_size=16",
@@ -137,30 +136,6 @@ def test_a_site_with_a_foreign_class_is_refused_before_training(sites, tmp_path)
         serve(sites, tmp_path, ["site0", "odd", "site2"])
     assert "client(s) [1]" in str(info.value)
     assert not (tmp_path / "run" / "metrics.json").exists()
-
-
-def test_the_server_holds_no_client_data_and_checks_the_config() -> None:
-    cfg = load_config(None, [f"data.classes={json.dumps(CLASSES)}", "data.channels=1"])
-    with pytest.raises(ConfigError, match=r"transform\.mean, transform\.std"):
-        site_assembly.site_server_job(cfg, "fedavg", 0)
-    cfg = load_config(
-        None,
-        [
-            "data.image_size=8",
-            "data.channels=1",
-            f"data.classes={json.dumps(CLASSES)}",
-            "transform.mean=[0.3]",
-            "transform.std=[0.3]",
-        ],
-    )
-    job = site_assembly.site_server_job(cfg, "fedavg", 0)
-    assert isinstance(job.clients, NoClientData) and job.evaluate_at_clients
-    assert job.clients.size(0) is None
-    with pytest.raises(ConfigError, match="holds no data"):
-        job.clients.data(0)
-    # a method whose final state would reveal clients needs a server test set
-    with pytest.raises(ConfigError, match="server-test"):
-        site_assembly.site_server_job(cfg, "fafi", 0)
 
 
 def test_site_scores_are_checked_and_merged_exactly() -> None:

@@ -1,8 +1,9 @@
 """EFTViT's records score both predictors: every client's own model (its
 private local module under the broadcast global module and head, on whole
-test images; the paper's evaluation, and the record's accuracy) and the
-server's predictor (the pretrained local module under the same global module,
-``server_accuracy``). Checked against the computation done by hand."""
+test images; the paper's evaluation: ``mean_client_accuracy``) and the
+server's predictor (the pretrained local module under the same global module:
+``global_test_accuracy``, in every round as in the record). Checked against
+the computation done by hand."""
 
 from __future__ import annotations
 
@@ -48,9 +49,10 @@ def by_hand(model: torch.nn.Module, test: Any, run: Any) -> float:
 
 def test_the_accuracy_is_the_mean_of_the_clients_own_models_by_hand() -> None:
     """One client per round for two rounds of three clients: every evaluated
-    round's accuracy is the mean over all three clients of each one's
-    ``client_predictor`` (a client never sampled: its empty state, i.e. the
-    pretrained local module), and ``server_accuracy`` the server predictor's."""
+    round's ``mean_client_accuracy`` is the mean over all three clients of
+    each one's ``client_predictor`` (a client never sampled: its empty state,
+    i.e. the pretrained local module), and ``global_test_accuracy`` the server
+    predictor's."""
     job, test = job_and_test(
         "method.eftvit.client_fraction=0.34", "method.eftvit.rounds=2", "eval_every=1"
     )
@@ -71,20 +73,23 @@ def test_the_accuracy_is_the_mean_of_the_clients_own_models_by_hand() -> None:
     ]
     assert metrics["client_accuracies"] == own
     assert metrics["mean_client_accuracy"] == pytest.approx(sum(own) / 3, abs=1e-12)
-    assert metrics["global_test_accuracy"] == metrics["mean_client_accuracy"]
     # the server's predictor, scored as before: the pretrained local module
     server = by_hand(m.global_model(result.state), test, run)
-    assert metrics["server_accuracy"] == server
-    assert metrics["server_accuracy"] == by_hand(result.predictor, test, run)
+    assert metrics["global_test_accuracy"] == server
+    assert metrics["global_test_accuracy"] == by_hand(result.predictor, test, run)
+    assert "server_accuracy" not in metrics  # one name per number
     # a client never sampled holds the pretrained local module: with the head
     # broadcast, its model is the server's predictor
     for c in metrics["clients_not_sampled"]:
         assert own[c] == server
-    # the per-round curve of the record carries both
+    # the per-round curve of the record carries both, each under its name
     curve = accuracy_curve(result)
     assert [p["round"] for p in curve] == [0, 1]
-    assert curve[-1]["accuracy"] == metrics["global_test_accuracy"]
-    assert curve[-1]["server_accuracy"] == server
+    assert curve[-1]["global_test_accuracy"] == server
+    assert curve[-1]["mean_client_accuracy"] == metrics["mean_client_accuracy"]
+    for p, r in zip(curve, result.rounds, strict=True):
+        assert p["global_test_accuracy"] == r.metrics["global_test_accuracy"]
+        assert p["mean_client_accuracy"] == r.metrics["mean_client_accuracy"]
 
 
 def test_a_clients_own_model_is_its_private_local_module() -> None:
@@ -126,13 +131,16 @@ def test_a_clients_own_model_is_its_private_local_module() -> None:
 
 
 def test_merge_keeps_both_predictors_and_names_clients_that_did_not_score() -> None:
+    """The server predictor's numbers keep their names, the clients' are
+    beside them under their own (one name per number), computed by hand."""
     server = {
-        "global_test_accuracy": 0.5,
-        "per_class_accuracy": [0.5, None],
+        "global_test_accuracy": 0.375,
+        "per_class_accuracy": [0.375, None],
         "num_samples": 4,
         "validation_accuracy": 0.25,
         "local_test_accuracies": [0.5, 0.5, 0.5],
         "local_test_accuracy": 0.5,
+        "nonfinite_outputs": 1,
     }
     scores = {
         0: {
@@ -146,18 +154,24 @@ def test_merge_keeps_both_predictors_and_names_clients_that_did_not_score() -> N
             "per_class_accuracy": [0.0, None],
             "validation_accuracy": 0.25,
             "local_test_accuracies": [0.0, 0.0, 0.5],
+            "nonfinite_outputs": 2,
             "warnings": ["non-finite"],
         },
     }
     out = merge_client_models(server, scores, 3)
-    assert out["global_test_accuracy"] == out["mean_client_accuracy"] == 0.5
-    assert out["client_accuracies"] == [1.0, None, 0.0]
-    assert out["per_class_accuracy"] == [0.5, None]
-    assert out["validation_accuracy"] == 0.5 and out["server_validation_accuracy"] == 0.25
-    assert out["local_test_accuracies"] == [1.0, 0.5]  # each client's own model, own mix
-    assert out["local_test_accuracy"] == 0.75 and out["server_local_test_accuracy"] == 0.5
-    assert out["server_accuracy"] == 0.5 and out["server_per_class_accuracy"] == [0.5, None]
-    assert out["warnings"] == ["client 2's own model: non-finite"]
+    assert out == {
+        # the server predictor's, as the evaluator named them
+        **server,
+        # the clients' own models': the mean over the clients that scored (0 and 2)
+        "mean_client_accuracy": 0.5,
+        "client_accuracies": [1.0, None, 0.0],
+        "mean_client_per_class_accuracy": [0.5, None],
+        "mean_client_validation_accuracy": 0.5,
+        "client_local_test_accuracies": [1.0, 0.5],  # each client's own model, own mix
+        "mean_client_local_test_accuracy": 0.75,
+        "client_nonfinite_outputs": 2,
+        "warnings": ["client 2's own model: non-finite"],
+    }
     with pytest.raises(DataError, match="no client"):
         merge_client_models(server, {}, 3)
 
@@ -178,10 +192,10 @@ def test_a_malformed_client_score_is_refused() -> None:
 
 
 def test_tables_show_the_clients_own_models_beside_the_server_predictor() -> None:
-    """The accuracy column is the server predictor's (EFTViT's ``server_accuracy``,
-    the record's ``global_test_accuracy``); the clients' mean has its own column."""
+    """The accuracy column is the server predictor's (the record's
+    ``global_test_accuracy``); the clients' mean has its own column."""
     eftvit = {"method": "eftvit", "seed": 0, "global_test_accuracy": 0.4}
-    eftvit |= {"server_accuracy": 0.4, "mean_client_accuracy": 0.6}
+    eftvit |= {"mean_client_accuracy": 0.6}
     recs = [eftvit, {"method": "fedfull", "seed": 0, "global_test_accuracy": 0.5}]
     header, cells = table_rows(summarize(recs))
     i = header.index("clients' own models (%)")

@@ -7,6 +7,7 @@ from osfl.config import load_config
 from osfl.fl.evaluate import evaluate
 from osfl.fl.runtime.simulation import run_simulation
 from osfl.methods.fafi import FAFI, FAFIConfig
+from support.tiny import TINY_FAFI_E2E
 
 
 def test_fafi_on_digits_beats_chance_by_far() -> None:
@@ -18,11 +19,9 @@ def test_fafi_on_digits_beats_chance_by_far() -> None:
     cfg = load_config(
         None,
         [
-            "data.image_size=8",
-            "model.kwargs={width: 8}",
+            *TINY_FAFI_E2E,
             "train.epochs=6",
             "train.batch_size=32",
-            "partition.alpha=0.5",
             "progress=false",
             "cache_dir=null",
             "threads_per_client=1",

@@ -34,6 +34,7 @@ from osfl.methods.fafi import (
     prototype_separation_loss,
 )
 from osfl.models import create_model
+from support.tiny import TINY_FAFI_CODE, TINY_FAFI_SKEWED
 
 
 # --------------------------------------------------------------------------- losses
@@ -191,13 +192,9 @@ def test_code_variant_on_digits_with_grad_clip_and_crop() -> None:
     cfg = load_config(
         None,
         [
-            "data.image_size=8",
-            "data.max_per_class=30",
-            "model.kwargs={width: 8}",
+            *TINY_FAFI_CODE,
             "train.epochs=15",
             "train.batch_size=32",
-            "partition.num_clients=3",
-            "partition.alpha=1.0",
             "progress=false",
             "cache_dir=null",
         ],
@@ -226,14 +223,9 @@ def test_held_prototype_update_keeps_the_absent_classes_anchors() -> None:
     cfg = load_config(
         None,
         [
-            "data.image_size=8",
-            "data.max_per_class=20",
-            "model.kwargs={width: 8}",
+            *TINY_FAFI_SKEWED,  # alpha 0.1: clients miss classes
             "train.epochs=2",
             "train.batch_size=16",
-            "partition.num_clients=3",
-            "partition.alpha=0.1",  # clients miss classes
-            "partition.min_partition_size=5",
             "progress=false",
             "cache_dir=null",
         ],

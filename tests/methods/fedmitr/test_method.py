@@ -12,27 +12,14 @@ from osfl.errors import ConfigError
 from osfl.fl.evaluate import evaluate
 from osfl.fl.method import METHODS
 from osfl.fl.runtime.simulation import run_simulation
-
-BASE = [
-    "partition.num_clients=3",
-    "partition.alpha=1.0",
-    "train.epochs=10",
-    "train.optimizer=adamw",
-    "train.lr=0.003",
-    "train.weight_decay=0.01",
-    "data.image_size=8",
-    "model.name=vit_tiny_patch2_16",
-    "model.kwargs={img_size: 8, in_chans: 1, depth: 1, embed_dim: 32, num_heads: 2}",
-    "progress=false",
-    "device=cpu",
-]
+from support.tiny import TINY_FEDMITR
 
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory: pytest.TempPathFactory):
     torch.set_num_threads(1)
     cache = tmp_path_factory.mktemp("fedmitr-cache")
-    cfg = load_config(None, [*BASE, f"cache_dir={cache}"])
+    cfg = load_config(None, [*TINY_FEDMITR, f"cache_dir={cache}"])
     splits = load_splits(cfg)
     return cfg, splits, build_federation(cfg, splits.train, 0)
 

@@ -24,7 +24,7 @@ from osfl.methods.fedmitr import (
 )
 from osfl.methods.kd import InversionConfig
 from osfl.methods.kd.pixels import invert
-from support.tiny import tiny_vit
+from support.tiny import TINY_FEDMITR_OPTIONS, tiny_vit
 
 
 # --------------------------------------------------------------------------- register tokens
@@ -137,23 +137,8 @@ def test_inversion_kd_is_dense_inversion_exactly() -> None:
     torch.testing.assert_close(res.images, plain.images, rtol=0, atol=0)
 
 
-BASE = [
-    "partition.num_clients=2",
-    "partition.alpha=1.0",
-    "data.max_per_class=20",
-    "train.epochs=1",
-    "train.optimizer=adamw",
-    "data.image_size=8",
-    "model.name=vit_tiny_patch2_16",
-    "model.kwargs={img_size: 8, in_chans: 1, depth: 1, embed_dim: 16, num_heads: 2}",
-    "progress=false",
-    "device=cpu",
-    "cache_dir=null",
-]
-
-
 def test_inversion_kd_run_pools_whole_images() -> None:
-    cfg = load_config(None, BASE)
+    cfg = load_config(None, TINY_FEDMITR_OPTIONS)
     splits = load_splits(cfg)
     fed = build_federation(cfg, splits.train, 0)
     run = build_run(cfg, splits, fed, 0)

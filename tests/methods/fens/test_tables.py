@@ -7,6 +7,7 @@ import dataclasses
 import json
 
 from osfl.methods.fens import FENSConfig
+from osfl.record import RunRecord, typed
 from support.scripts import load_script
 
 
@@ -17,11 +18,17 @@ def _module():
 def test_labels_name_the_options_that_differ_from_the_defaults():
     tables = _module()
     defaults = dataclasses.asdict(FENSConfig())
-    assert tables.label({"method": "fens", "method_config": defaults}) == "fens"
+
+    def label(method: str, config: dict) -> str:
+        return tables.label(
+            RunRecord.from_dict({"method": method, "seed": 0, "method_config": config})
+        )
+
+    assert label("fens", defaults) == "fens"
     changed = {**defaults, "holdout": 0.0, "server_opt": {**defaults["server_opt"], "lr": 0.01}}
-    got = tables.label({"method": "fens", "method_config": changed})
+    got = label("fens", changed)
     assert got == "fens[holdout=0.0, server_opt.lr=0.01]"
-    assert tables.label({"method": "ensemble", "method_config": {"x": 1}}) == "ensemble"
+    assert label("ensemble", {"x": 1}) == "ensemble"
 
 
 def test_runs_are_kept_apart_and_per_seed_values_written(tmp_path, monkeypatch, capsys):
@@ -47,7 +54,9 @@ def test_runs_are_kept_apart_and_per_seed_values_written(tmp_path, monkeypatch, 
                 for s, acc in seeds
             ]
         }
-    monkeypatch.setattr(tables, "read_metrics", lambda path: loaded[str(path)])
+    monkeypatch.setattr(
+        tables, "read_metrics", lambda path: {"records": typed(loaded[str(path)]["records"])}
+    )
     out = tmp_path / "per_seed.json"
     assert tables.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 0
     per_seed = json.loads(out.read_text())

@@ -95,7 +95,7 @@ def test_k_rounds_each_with_its_block_bytes(k3):
 def test_the_fused_model_beats_chance_and_only_exists_at_the_end(k3):
     fuse = k3["fusefl"]
     assert fuse["global_test_accuracy"] > 0.1 + 0.3  # 10 classes: far above chance
-    assert fuse["curve"][0]["accuracy"] < 0.25  # no classifier before round K
+    assert fuse.curve[0].global_test_accuracy < 0.25  # no classifier before round K
     assert fuse["server"]["fused_parameters"] > 2.5 * fuse["server"]["client_model_parameters"]
 
 

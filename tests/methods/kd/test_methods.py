@@ -18,15 +18,7 @@ from osfl.errors import ConfigError
 from osfl.fl.evaluate import evaluate
 from osfl.fl.method import METHODS
 from osfl.fl.runtime.simulation import run_simulation
-
-BASE = [
-    "partition.num_clients=3",
-    "partition.alpha=1.0",
-    "train.epochs=8",
-    "data.image_size=8",
-    "progress=false",
-    "device=cpu",
-]
+from support.tiny import TINY_KD
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +26,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # restored below: nothing global outlives this module
     cache = tmp_path_factory.mktemp("kd-cache")
-    cfg = load_config(None, [*BASE, f"cache_dir={cache}"])
+    cfg = load_config(None, [*TINY_KD, f"cache_dir={cache}"])
     splits = load_splits(cfg)
     fed = build_federation(cfg, splits.train, 0)
     yield cfg, splits, fed

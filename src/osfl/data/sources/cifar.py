@@ -133,9 +133,14 @@ def _load(
         return (*_images_labels(batches, label_key, len(classes), root), classes)
 
     return decoded_splits(
-        name, read, image_size=image_size, channels=channels, max_per_class=max_per_class,
-        test_max_per_class=test_max_per_class, seed=seed,
-    )  # fmt: skip
+        name,
+        read,
+        image_size=image_size,
+        channels=channels,
+        max_per_class=max_per_class,
+        test_max_per_class=test_max_per_class,
+        seed=seed,
+    )
 
 
 @register_dataset("cifar10")
@@ -156,10 +161,19 @@ def load_cifar10(
     root = check_dir(path, "cifar10")
     train = [f"data_batch_{i}" for i in range(1, 6)]
     return _load(
-        root, train, ["test_batch"], "batches.meta", "label_names", "labels", "cifar10",
-        image_size=image_size, channels=channels, max_per_class=max_per_class,
-        test_max_per_class=test_max_per_class, seed=seed,
-    )  # fmt: skip
+        root,
+        train,
+        ["test_batch"],
+        "batches.meta",
+        "label_names",
+        "labels",
+        "cifar10",
+        image_size=image_size,
+        channels=channels,
+        max_per_class=max_per_class,
+        test_max_per_class=test_max_per_class,
+        seed=seed,
+    )
 
 
 @register_dataset("cifar100")
@@ -181,7 +195,16 @@ def load_cifar100(
     if label_mode not in ("fine", "coarse"):
         raise DataError(f"label_mode must be 'fine' or 'coarse', got {label_mode!r}")
     return _load(
-        root, ["train"], ["test"], "meta", f"{label_mode}_label_names", f"{label_mode}_labels",
-        "cifar100", image_size=image_size, channels=channels, max_per_class=max_per_class,
-        test_max_per_class=test_max_per_class, seed=seed,
-    )  # fmt: skip
+        root,
+        ["train"],
+        ["test"],
+        "meta",
+        f"{label_mode}_label_names",
+        f"{label_mode}_labels",
+        "cifar100",
+        image_size=image_size,
+        channels=channels,
+        max_per_class=max_per_class,
+        test_max_per_class=test_max_per_class,
+        seed=seed,
+    )

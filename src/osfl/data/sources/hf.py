@@ -74,6 +74,41 @@ def _decode(ds: Any, column: str, mode: str, size: int | None) -> Any:
     return stack_hwc(arrays, f"hf column {column!r}")
 
 
+def _splits(
+    datasets: Any, data: Any, train_split: str, test_split: str | None
+) -> tuple[Any, str | None]:
+    """``(splits, test_split)``: a single ``Dataset`` is the train split with
+    no test split (divided later by ``test_fraction``); a named split that is
+    not there is refused."""
+    if isinstance(data, datasets.Dataset):
+        data, test_split = {train_split: data}, None
+    elif not isinstance(data, (datasets.DatasetDict, dict)):
+        raise DataError(
+            f"from_hf needs a datasets.DatasetDict or Dataset, got {type(data).__name__}"
+        )
+    for split in (train_split, test_split):
+        if split is not None and split not in data:
+            raise DataError(
+                f"no split {split!r}; splits are {sorted(data)}; set train_split/test_split "
+                f"(test_split=None divides the train split by test_fraction)"
+            )
+    return data, test_split
+
+
+def _class_labels(
+    datasets: Any, feature: Any, raw: dict[str, list[Any]]
+) -> tuple[tuple[str, ...], dict[str, np.ndarray]]:
+    """``(classes, labels per split)``: a ``ClassLabel`` feature gives its
+    names; plain values give their sorted distinct values over all splits
+    (so train and test share one index)."""
+    if isinstance(feature, datasets.ClassLabel):
+        return tuple(feature.names), {k: np.asarray(v, dtype=np.int64) for k, v in raw.items()}
+    values = sorted({v for vs in raw.values() for v in vs})
+    index = {v: i for i, v in enumerate(values)}
+    labels = {k: np.asarray([index[v] for v in vs], dtype=np.int64) for k, vs in raw.items()}
+    return tuple(str(v) for v in values), labels
+
+
 def from_hf(
     data: Any,
     *,
@@ -100,18 +135,7 @@ def from_hf(
     channels = check_channels(channels)
     test_fraction = check_fraction("test_fraction", test_fraction)
     seed = check_seed(seed)
-    if isinstance(data, datasets.Dataset):
-        data, test_split = {train_split: data}, None
-    elif not isinstance(data, (datasets.DatasetDict, dict)):
-        raise DataError(
-            f"from_hf needs a datasets.DatasetDict or Dataset, got {type(data).__name__}"
-        )
-    for split in (train_split, test_split):
-        if split is not None and split not in data:
-            raise DataError(
-                f"no split {split!r}; splits are {sorted(data)}; set train_split/test_split "
-                f"(test_split=None divides the train split by test_fraction)"
-            )
+    data, test_split = _splits(datasets, data, train_split, test_split)
     train = data[train_split]
     img_col = _pick_column(train, image_column, datasets.Image, "image", "image_column")
     lab_col = _pick_column(train, label_column, datasets.ClassLabel, "label", "label_column")
@@ -119,14 +143,7 @@ def from_hf(
 
     parts = {"train": train} if test_split is None else {"train": train, "test": data[test_split]}
     raw = {k: list(v[lab_col]) for k, v in parts.items()}
-    if isinstance(feature, datasets.ClassLabel):
-        classes = tuple(feature.names)
-        labels = {k: np.asarray(v, dtype=np.int64) for k, v in raw.items()}
-    else:  # plain values: classes are the sorted distinct values of all splits
-        values = sorted({v for vs in raw.values() for v in vs})
-        classes = tuple(str(v) for v in values)
-        index = {v: i for i, v in enumerate(values)}
-        labels = {k: np.asarray([index[v] for v in vs], dtype=np.int64) for k, vs in raw.items()}
+    classes, labels = _class_labels(datasets, feature, raw)
     mode = "RGB" if channels == 3 else "L"
     images = {k: _decode(v, img_col, mode, image_size) for k, v in parts.items()}
     if test_split is None:
@@ -173,8 +190,16 @@ def load_hf(
     except (FileNotFoundError, ValueError, ConnectionError) as e:
         raise DataError(f"cannot load Hugging Face dataset {path!r}: {e}") from e
     return from_hf(
-        data, image_column=image_column, label_column=label_column, train_split=train_split,
-        test_split=test_split, test_fraction=test_fraction, image_size=image_size,
-        channels=channels, max_per_class=max_per_class, test_max_per_class=test_max_per_class,
-        seed=seed, name=local.name or path,
-    )  # fmt: skip
+        data,
+        image_column=image_column,
+        label_column=label_column,
+        train_split=train_split,
+        test_split=test_split,
+        test_fraction=test_fraction,
+        image_size=image_size,
+        channels=channels,
+        max_per_class=max_per_class,
+        test_max_per_class=test_max_per_class,
+        seed=seed,
+        name=local.name or path,
+    )

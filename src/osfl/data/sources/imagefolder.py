@@ -31,6 +31,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -293,6 +294,88 @@ def _decode_images(
     return _decode_all(root, files, mode, size, workers, decode)
 
 
+def _workers(num_workers: int | None, from_pack: bool) -> int:
+    """Decoding threads: the user's, else 8 at most from disk, every core from a pack."""
+    workers = check_positive_int("num_workers", num_workers) or min(8, os.cpu_count() or 1)
+    if from_pack and num_workers is None:
+        workers = os.cpu_count() or 1  # from memory: every core decodes
+    return workers
+
+
+def _wanted_classes(
+    classes: list[str | int] | None, listing: _Listing, path: str
+) -> np.ndarray | list[int] | None:
+    """The class indices ``classes`` names (``None``: every class)."""
+    if classes is None:
+        return None
+    if isinstance(classes, (str, int)):
+        raise DataError(f"classes must be a list of class names or indices, got {classes!r}")
+    return resolve_classes(list(classes), listing.classes, f"imagefolder:{path}")
+
+
+def _split_indices(
+    listing: _Listing, options: dict[str, Any], wanted: Any
+) -> tuple[np.ndarray, np.ndarray]:
+    """The train and test samples: the tree's split (else a seeded stratified
+    one), each capped per class, then only the wanted classes."""
+    seed = options["seed"]
+    # strata: (domain, class) where domains exist, so the split and caps keep every domain
+    strata = (
+        listing.labels if listing.domains is None else listing.domains * 100_000 + listing.labels
+    )
+    if listing.is_test is not None:
+        train_idx, test_idx = np.flatnonzero(~listing.is_test), np.flatnonzero(listing.is_test)
+    else:
+        train_idx, test_idx = stratified_split(strata, options["test_fraction"], seed)
+    train_idx = train_idx[
+        balanced_subset(
+            listing.labels[train_idx], options["max_per_class"], seed * 2, strata[train_idx]
+        )
+    ]
+    test_idx = test_idx[
+        balanced_subset(
+            listing.labels[test_idx], options["test_max_per_class"], seed * 2 + 1, strata[test_idx]
+        )
+    ]
+    if wanted is not None:  # after the subsets: the same samples as a full load keeps
+        train_idx = train_idx[np.isin(listing.labels[train_idx], wanted)]
+        test_idx = test_idx[np.isin(listing.labels[test_idx], wanted)]
+    return train_idx, test_idx
+
+
+def _cache_file(
+    cache_dir: str | os.PathLike[str] | None,
+    root: Path,
+    pack: ImagePack | None,
+    listing: _Listing,
+    options: dict[str, Any],
+) -> Path | None:
+    """Where the decoded splits are cached: keyed by the files (or the pack's
+    digest) and every option that changes a pixel."""
+    if cache_dir is None:
+        return None
+    content = {"pack": pack.digest} if pack else {"files": _file_stats(root, listing.files)}
+    key = cache_key({"root": str(root), **content, **options})
+    name = pack.name if pack else root.name
+    return Path(cache_dir).expanduser() / f"imagefolder-{name}-{key}.safetensors"
+
+
+def _open(path: str) -> tuple[ImagePack | None, Path, _Listing]:
+    """The pack file at ``path`` (its listing checked), or the tree there."""
+    if is_pack_file(path):
+        pack = open_pack(path)
+        root = pack.path.resolve()
+        listing = _pack_listing(pack)
+        _check_listing(root, listing)
+        return pack, root, listing
+    root = check_dir(path, "imagefolder").resolve()
+    return None, root, _scan(root)
+
+
+def _cached(cache_file: Path) -> DataSplits | None:
+    return load_splits(cache_file) if cache_file.is_file() else None
+
+
 @register_dataset("imagefolder")
 def load_imagefolder(
     path: str,
@@ -318,23 +401,17 @@ def load_imagefolder(
     ``classes`` (names or indices) decodes only those classes' samples of
     that subset; ``resize`` (auto, pillow, torch) says where images are upsampled.
     """
-    pack = open_pack(path) if is_pack_file(path) else None
-    root = pack.path.resolve() if pack else check_dir(path, "imagefolder").resolve()
+    pack, root, listing = _open(path)
     image_size = check_positive_int("image_size", image_size)
     channels = check_channels(channels)
     test_fraction = check_fraction("test_fraction", test_fraction)
     max_per_class = check_positive_int("max_per_class", max_per_class)
     test_max_per_class = check_positive_int("test_max_per_class", test_max_per_class)
     seed = check_seed(seed)
-    workers = check_positive_int("num_workers", num_workers) or min(8, os.cpu_count() or 1)
-    if pack is not None and num_workers is None:
-        workers = os.cpu_count() or 1  # from memory: every core decodes
+    workers = _workers(num_workers, pack is not None)
     on_device = _resize_device(resize)  # checked even where nothing is resized
     on_device = on_device if image_size is not None else None
 
-    listing = _pack_listing(pack) if pack else _scan(root)
-    if pack is not None:
-        _check_listing(root, listing)
     options = {
         "image_size": image_size,
         "channels": channels,
@@ -343,43 +420,18 @@ def load_imagefolder(
         "test_max_per_class": test_max_per_class,
         "seed": seed,
     }
-    wanted = None
-    if classes is not None:
-        if isinstance(classes, (str, int)):
-            raise DataError(f"classes must be a list of class names or indices, got {classes!r}")
-        wanted = resolve_classes(list(classes), listing.classes, f"imagefolder:{path}")
+    wanted = _wanted_classes(classes, listing, path)
+    if wanted is not None:
         options["classes"] = sorted(wanted)
     if on_device is not None:
         options["resize"] = "torch"
     name = pack.name if pack else root.name
-    cache_file = None
-    if cache_dir is not None:
-        content = {"pack": pack.digest} if pack else {"files": _file_stats(root, listing.files)}
-        key = cache_key({"root": str(root), **content, **options})
-        cache_file = Path(cache_dir).expanduser() / f"imagefolder-{name}-{key}.safetensors"
-        if cache_file.is_file() and (cached := load_splits(cache_file)) is not None:
-            log.info("loaded decoded %s from cache %s", root, cache_file)
-            return cached
+    cache_file = _cache_file(cache_dir, root, pack, listing, options)
+    if cache_file is not None and (cached := _cached(cache_file)) is not None:
+        log.info("loaded decoded %s from cache %s", root, cache_file)
+        return cached
 
-    # strata: (domain, class) where domains exist, so the split and caps keep every domain
-    strata = (
-        listing.labels if listing.domains is None else listing.domains * 100_000 + listing.labels
-    )
-    if listing.is_test is not None:
-        train_idx, test_idx = np.flatnonzero(~listing.is_test), np.flatnonzero(listing.is_test)
-    else:
-        train_idx, test_idx = stratified_split(strata, test_fraction, seed)
-    train_idx = train_idx[
-        balanced_subset(listing.labels[train_idx], max_per_class, seed * 2, strata[train_idx])
-    ]
-    test_idx = test_idx[
-        balanced_subset(
-            listing.labels[test_idx], test_max_per_class, seed * 2 + 1, strata[test_idx]
-        )
-    ]
-    if wanted is not None:  # after the subsets: the same samples as a full load keeps
-        train_idx = train_idx[np.isin(listing.labels[train_idx], wanted)]
-        test_idx = test_idx[np.isin(listing.labels[test_idx], wanted)]
+    train_idx, test_idx = _split_indices(listing, options, wanted)
 
     mode = "RGB" if channels == 3 else "L"
     t0 = time.perf_counter()

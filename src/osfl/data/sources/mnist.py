@@ -100,7 +100,11 @@ def load_mnist(
     root = check_dir(path, "mnist")
     prefix = {"train": "train", "test": "t10k"}
     return decoded_splits(
-        "mnist", lambda part: (*_part(root, prefix[part]), CLASSES),
-        image_size=image_size, channels=channels, max_per_class=max_per_class,
-        test_max_per_class=test_max_per_class, seed=seed,
-    )  # fmt: skip
+        "mnist",
+        lambda part: (*_part(root, prefix[part]), CLASSES),
+        image_size=image_size,
+        channels=channels,
+        max_per_class=max_per_class,
+        test_max_per_class=test_max_per_class,
+        seed=seed,
+    )

@@ -127,8 +127,9 @@ def _payload_sha256(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()
 
 
-def write_pack(out: str | os.PathLike[str], files: dict[str, list[tuple[str, bytes]]],
-               *, name: str) -> dict[str, Any]:  # fmt: skip
+def write_pack(
+    out: str | os.PathLike[str], files: dict[str, list[tuple[str, bytes]]], *, name: str
+) -> dict[str, Any]:
     """Write ``files`` (split -> [(relative path, file bytes)], in order) as the
     pack ``out`` (atomically: a temporary file, then a rename); returns its
     index (format, name, each split's count and sha256)."""
@@ -179,8 +180,15 @@ class ImagePack:
     """An opened, validated pack, held in memory: :meth:`blob` rebuilds one
     file's bytes without touching the disk."""
 
-    def __init__(self, path: Path, name: str, prefixes: list[bytes],
-                 splits: dict[str, _Split], digests: dict[str, str], digest: str) -> None:  # fmt: skip
+    def __init__(
+        self,
+        path: Path,
+        name: str,
+        prefixes: list[bytes],
+        splits: dict[str, _Split],
+        digests: dict[str, str],
+        digest: str,
+    ) -> None:
         self.path = path
         self.name = name
         self.prefixes = prefixes
@@ -203,7 +211,9 @@ class ImagePack:
 
     def files(self) -> dict[str, bytes]:
         """Relative path -> bytes, for every file (what :meth:`verify` hashes)."""
-        return {s.paths[i]: self.blob(k, i) for k, s in self.splits.items() for i in range(len(s.paths))}  # fmt: skip
+        return {
+            s.paths[i]: self.blob(k, i) for k, s in self.splits.items() for i in range(len(s.paths))
+        }
 
     def verify(self) -> None:
         """Check the rebuilt files against the digests the packer wrote."""
@@ -299,8 +309,16 @@ def open_pack(path: str | os.PathLike[str]) -> ImagePack:
     return ImagePack(path, name, prefixes, splits, digests, payload)
 
 
-def _split(path: Path, split: str, text: str, count: int, prefix: np.ndarray,
-           offsets: np.ndarray, data: np.ndarray, prefixes: list[bytes]) -> _Split:  # fmt: skip
+def _split(
+    path: Path,
+    split: str,
+    text: str,
+    count: int,
+    prefix: np.ndarray,
+    offsets: np.ndarray,
+    data: np.ndarray,
+    prefixes: list[bytes],
+) -> _Split:
     """One split's arrays, checked against each other and the index's count."""
     paths = text.split("\n") if text else []
     if len(paths) != count or prefix.shape != (count,):
@@ -334,8 +352,9 @@ def _open_format1(path: Path, arrays: dict[str, np.ndarray]) -> ImagePack:
 # --------------------------------------------------------------------------- decoding
 
 
-def decode_blob(data: bytes, name: str, mode: str, size: int | None,
-                expect: tuple[int, int] | None) -> np.ndarray:  # fmt: skip
+def decode_blob(
+    data: bytes, name: str, mode: str, size: int | None, expect: tuple[int, int] | None
+) -> np.ndarray:
     """One image file's bytes -> H×W×C uint8, by the very steps of
     :func:`osfl.data.sources.common.decode_file` (JPEG ``draft`` before a
     resize, ``convert``, antialiased bilinear ``resize``), so a file gives

@@ -72,7 +72,11 @@ def load_svhn(
     configs shared with other sources, and unused."""
     root = check_dir(path, "svhn")
     return decoded_splits(
-        "svhn", lambda part: (*read_mat(root / FILES[part]), CLASSES),
-        image_size=image_size, channels=channels, max_per_class=max_per_class,
-        test_max_per_class=test_max_per_class, seed=seed,
-    )  # fmt: skip
+        "svhn",
+        lambda part: (*read_mat(root / FILES[part]), CLASSES),
+        image_size=image_size,
+        channels=channels,
+        max_per_class=max_per_class,
+        test_max_per_class=test_max_per_class,
+        seed=seed,
+    )

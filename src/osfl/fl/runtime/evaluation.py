@@ -20,8 +20,8 @@ from collections.abc import MutableMapping, Sequence
 from typing import Any, Protocol
 
 from osfl.errors import UploadError
-from osfl.fl.method import OwnModels, capability, release_for_sites
-from osfl.fl.own_models import ClientScores, own_model_metrics
+from osfl.fl.method import OwnModels, PerClientPredictor, capability, release_for_sites
+from osfl.fl.own_models import ClientScores, clients_only, own_model_metrics
 from osfl.fl.runtime.base import Job, RoundRecord
 from osfl.fl.runtime.sites import SiteScore, merge_site_scores
 from osfl.fl.state_codec import state_to_bytes
@@ -67,15 +67,20 @@ class RoundEvaluation:
         self, state: Any, predictor: Any, r: int, records: Sequence[RoundRecord]
     ) -> dict[str, Any]:
         """The evaluator's metrics of ``predictor``, the server's after round
-        ``r``; for a method whose clients keep their own models, those of the
-        clients' models with the server predictor's beside them
-        (:func:`~osfl.fl.own_models.own_model_metrics`)."""
+        ``r``, under the names every record uses (docs/run-directory.md): for
+        a method whose clients keep their own models, the clients' numbers
+        beside the server predictor's
+        (:func:`~osfl.fl.own_models.own_model_metrics`); for a predictor that
+        is only the clients' models (``local``), the clients' names and a null
+        ``global_test_accuracy`` (:func:`~osfl.fl.own_models.clients_only`)."""
         evaluator = self.job.evaluator
         if evaluator is None:
             return {}
         t = time.perf_counter()
         out = dict(evaluator(predictor))
-        if capability(self.method, OwnModels) is not None:
+        if isinstance(predictor, PerClientPredictor):  # `local`: no server predictor
+            out = clients_only(out)
+        elif capability(self.method, OwnModels) is not None:
             # what every client would receive next: the broadcast of round r + 1
             payload = self.method.broadcast(state, r + 1).to_bytes()
             clients = list(range(self.job.num_clients))

@@ -21,12 +21,12 @@ Images on Resource-Constrained Clients" (no public code),
 Inference uses whole images, "on each client" (§3.3): a client's own model
 is its local module under the broadcast global module and head
 (:meth:`EFTViT.client_predictor`, the :class:`~osfl.fl.method.OwnModels`
-capability), and the record's accuracy is the mean of the clients' own
-models (a client never sampled has the pretrained local module). The
+capability), and their mean is the record's ``mean_client_accuracy`` (a
+client never sampled has the pretrained local module). The
 server's predictor, which the paper never deploys, is its global module and
 head on top of the **pretrained local module** (the paper never uploads a
 client's local module, so the server has no other); the record keeps its
-accuracy beside the clients' (``server_accuracy``).
+accuracy beside the clients' (``global_test_accuracy``).
 
 The head: the paper trains "the global module and classification head" on
 the server and sends back "the global module parameters". We broadcast the

@@ -182,6 +182,33 @@ class NoiseSpec:
         return self.mean + self.std * torch.randn((self.samples, *shape), generator=gen)
 
 
+def _check_choices(
+    fusion: str,
+    scoring: str,
+    noise: torch.Tensor | NoiseSpec | None,
+    extractors: Sequence[nn.Module],
+) -> None:
+    """A registered fusion and scoring, noise for IFFI (Eq. 8 weighs by the
+    noise features) and at least one extractor."""
+    if fusion not in FUSIONS:
+        raise ConfigError(f"fafi: fusion must be one of {', '.join(FUSIONS)}; got {fusion!r}")
+    if scoring not in SCORINGS:
+        raise ConfigError(f"fafi: scoring must be one of {', '.join(SCORINGS)}; got {scoring!r}")
+    if fusion == "iffi" and noise is None:
+        raise ValueError("IFFI fusion needs noise images or a NoiseSpec")
+    if not extractors:
+        raise ValueError("IFFIPredictor needs at least one extractor")
+
+
+def _check_client_weights(client_weights: Sequence[float] | None, num_extractors: int) -> None:
+    """``fusion="data_size"``'s weights: one per extractor, finite, >= 0 and
+    not all 0 (they are normalised by their sum)."""
+    if client_weights is None or len(client_weights) != num_extractors:
+        raise ValueError("fusion='data_size' needs one client weight per extractor")
+    if any(not (w >= 0 and math.isfinite(w)) for w in client_weights) or not sum(client_weights):
+        raise ValueError(f"client weights must be finite, >= 0, not all 0: {client_weights}")
+
+
 class IFFIPredictor(Predictor):
     """Eq. 8–10 over M client extractors (each: transformed images -> B×D).
 
@@ -210,25 +237,9 @@ class IFFIPredictor(Predictor):
         scoring: str = "cosine",
     ):
         super().__init__()
-        if fusion not in FUSIONS:
-            raise ConfigError(f"fafi: fusion must be one of {', '.join(FUSIONS)}; got {fusion!r}")
-        if scoring not in SCORINGS:
-            raise ConfigError(
-                f"fafi: scoring must be one of {', '.join(SCORINGS)}; got {scoring!r}"
-            )
-        if fusion == "iffi" and noise is None:
-            raise ValueError("IFFI fusion needs noise images or a NoiseSpec")
-        if not extractors:
-            raise ValueError("IFFIPredictor needs at least one extractor")
+        _check_choices(fusion, scoring, noise, extractors)
         if fusion == "data_size":
-            if client_weights is None or len(client_weights) != len(extractors):
-                raise ValueError("fusion='data_size' needs one client weight per extractor")
-            if any(not (w >= 0 and math.isfinite(w)) for w in client_weights) or not sum(
-                client_weights
-            ):
-                raise ValueError(
-                    f"client weights must be finite, >= 0, not all 0: {client_weights}"
-                )
+            _check_client_weights(client_weights, len(extractors))
         self.extractors = nn.ModuleList(extractors)
         self.fusion = fusion
         self.scoring = scoring

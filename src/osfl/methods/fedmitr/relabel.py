@@ -162,42 +162,72 @@ class TokenRelabelLoss:
         self.last: dict[str, float] = {}
 
     def __call__(self, distiller: Distiller, batch: PoolBatch, x: torch.Tensor) -> torch.Tensor:
-        student, teacher = distiller.student, distiller.teacher
         w, y = self.w, batch.labels
         keep = batch.extras.get("keep")
-        terms: dict[str, torch.Tensor] = {}
-        t_full: torch.Tensor | None = None
+        terms: dict[str, torch.Tensor] = {}  # in Eq. 8's order: the float sum depends on it
+        t_full = self._full_terms(distiller, x, y, terms)
         agreement: float | None = None
-        if w.kd > 0 or w.pl > 0:
-            s_full = student(x)
-            if w.kd > 0:
-                t_full = distiller.teacher_logits(x)
-                terms["kd"] = w.kd * kd_kl(s_full, t_full, 1.0)
-            if w.pl > 0:
-                terms["pl"] = w.pl * F.cross_entropy(s_full.float(), y)
         if (w.cls > 0 or w.kl > 0) and keep is None:
             raise ConfigError("token relabel needs the pool's 'keep' masks (sparse inversion)")
         if w.cls > 0 and keep is not None:
-            hi = idx_from_keep_mask(keep.to(x.device), keep=True)
-            ce = F.cross_entropy(student(x, keep_idx=hi).float(), y, reduction="none")
-            if self.cls_filter == "teacher":
-                if t_full is None:
-                    with torch.no_grad():
-                        t_full = distiller.teacher_logits(x)
-                agree = (t_full.argmax(1) == y).to(ce.dtype)
-                agreement = float(agree.mean())
-                ce = ce * agree * (len(agree) / agree.sum().clamp(min=1))
-            terms["cls"] = w.cls * ce.mean()
+            terms["cls"], agreement = self._cls_term(distiller, x, y, keep, t_full)
         if w.kl > 0 and keep is not None and bool((~keep).any()):
-            if not isinstance(teacher, EnsembleTeacher):
-                raise ConfigError("the L_KL term needs the client ensemble as teacher")
-            lo = idx_from_keep_mask(keep.to(x.device), keep=False)
-            t_lo = ensemble_on_tokens(teacher, x, lo, self.grid, self.how)
-            s_lo = LOW_DENSITY_INPUTS.get(self.how)(student, x, lo, self.grid)
-            terms["kl"] = w.kl * kd_kl(s_lo, t_lo, 1.0)
+            terms["kl"] = self._kl_term(distiller, x, keep)
         self.last = {k: float(v.detach()) for k, v in terms.items()}
         if agreement is not None:
             self.last["cls_agree"] = agreement
         if not terms:
             return x.new_zeros((), requires_grad=True)
         return sum(terms.values())  # type: ignore[return-value]
+
+    def _full_terms(
+        self, distiller: Distiller, x: torch.Tensor, y: torch.Tensor, terms: dict[str, torch.Tensor]
+    ) -> torch.Tensor | None:
+        """L_KD and L_PL on every token (one student pass for both); returns
+        the teacher's logits when L_KD computed them, so L_CLS's filter
+        reuses them."""
+        w = self.w
+        t_full: torch.Tensor | None = None
+        if w.kd > 0 or w.pl > 0:
+            s_full = distiller.student(x)
+            if w.kd > 0:
+                t_full = distiller.teacher_logits(x)
+                terms["kd"] = w.kd * kd_kl(s_full, t_full, 1.0)
+            if w.pl > 0:
+                terms["pl"] = w.pl * F.cross_entropy(s_full.float(), y)
+        return t_full
+
+    def _cls_term(
+        self,
+        distiller: Distiller,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        keep: torch.Tensor,
+        t_full: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, float | None]:
+        """``(w_cls · L_CLS, agreement)``: the student on the kept
+        (high-density) tokens against the pseudo-labels; with
+        ``cls_filter="teacher"`` only the images the ensemble agrees with
+        count (batch mean over those), ``agreement`` their fraction."""
+        hi = idx_from_keep_mask(keep.to(x.device), keep=True)
+        ce = F.cross_entropy(distiller.student(x, keep_idx=hi).float(), y, reduction="none")
+        agreement: float | None = None
+        if self.cls_filter == "teacher":
+            if t_full is None:
+                with torch.no_grad():
+                    t_full = distiller.teacher_logits(x)
+            agree = (t_full.argmax(1) == y).to(ce.dtype)
+            agreement = float(agree.mean())
+            ce = ce * agree * (len(agree) / agree.sum().clamp(min=1))
+        return self.w.cls * ce.mean(), agreement
+
+    def _kl_term(self, distiller: Distiller, x: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+        """``w_kl · L_KL``: the student against the client ensemble on the
+        dropped (low-density) tokens."""
+        teacher = distiller.teacher
+        if not isinstance(teacher, EnsembleTeacher):
+            raise ConfigError("the L_KL term needs the client ensemble as teacher")
+        lo = idx_from_keep_mask(keep.to(x.device), keep=False)
+        t_lo = ensemble_on_tokens(teacher, x, lo, self.grid, self.how)
+        s_lo = LOW_DENSITY_INPUTS.get(self.how)(distiller.student, x, lo, self.grid)
+        return self.w.kl * kd_kl(s_lo, t_lo, 1.0)

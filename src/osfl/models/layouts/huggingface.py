@@ -167,23 +167,34 @@ def osfl_to_hf(sd: Mapping[str, torch.Tensor]) -> StateDict:
                 out["classifier." + k[len("head.") :]] = v
             continue
         m = _BLOCK.match(k)
-        if m and m.group(4) is not None and m.group(5) in names:  # layer scale
-            out[f"{prefix}encoder.layer.{m.group(4)}.{names[m.group(5)]}"] = v
-            continue
-        if m and m.group(2) == "attn.qkv":
-            for part, t in zip(("query", "key", "value"), v.chunk(3, dim=0), strict=True):
-                out[f"{prefix}encoder.layer.{m.group(1)}.attention.attention.{part}.{m[3]}"] = t
-            continue
-        if m and m.group(2) == "attn.proj":
-            out[f"{prefix}encoder.layer.{m.group(1)}.attention.output.dense.{m[3]}"] = v
-            continue
-        if m and m.group(2) in names:
-            out[f"{prefix}encoder.layer.{m.group(1)}.{names[m.group(2)]}.{m[3]}"] = v
-            continue
-        raise ConfigError(f"key {k!r} has no Hugging Face {'DINOv2' if dino else 'ViT'} name")
+        renamed = _hf_block(m, v, names, prefix) if m else None
+        if renamed is None:
+            raise ConfigError(f"key {k!r} has no Hugging Face {'DINOv2' if dino else 'ViT'} name")
+        out.update(renamed)
     if dino:
         out["embeddings.mask_token"] = zero_mask_token(sd)
     return out
+
+
+def _hf_block(
+    m: re.Match[str], v: torch.Tensor, names: Mapping[str, str], prefix: str
+) -> StateDict | None:
+    """The Hugging Face name(s) of one block tensor (``m``: its
+    :data:`_BLOCK` match), or ``None`` when it has none: a fused ``qkv`` is
+    split back into Hugging Face's separate query, key and value."""
+    layer = f"{prefix}encoder.layer."
+    if m.group(4) is not None:  # layer scale
+        sub = m.group(5)
+        return {f"{layer}{m.group(4)}.{names[sub]}": v} if sub in names else None
+    block, part, kind = m.group(1), m.group(2), m[3]
+    if part == "attn.qkv":
+        qkv = zip(("query", "key", "value"), v.chunk(3, dim=0), strict=True)
+        return {f"{layer}{block}.attention.attention.{q}.{kind}": t for q, t in qkv}
+    if part == "attn.proj":
+        return {f"{layer}{block}.attention.output.dense.{kind}": v}
+    if part in names:
+        return {f"{layer}{block}.{names[part]}.{kind}": v}
+    return None
 
 
 HUGGINGFACE = register_layout(

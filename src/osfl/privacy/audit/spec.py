@@ -67,26 +67,40 @@ def parse_audit(items: Sequence[Any] | None) -> AuditSpec | None:
     attacks: list[AttackSpec] = []
     opts: dict[str, Any] = {}
     for item in items:
-        if isinstance(item, str):
-            if item.lower() != "record":
-                attacks.append(AttackSpec(item.lower()))
-        elif isinstance(item, Mapping) and "attack" in item:
-            extra = {k: v for k, v in item.items() if k not in ("attack", "label")}
-            attacks.append(
-                AttackSpec(str(item["attack"]).lower(), extra, str(item.get("label", "")))
-            )
-        elif isinstance(item, Mapping) and set(item) == {"options"}:
+        if isinstance(item, Mapping) and set(item) == {"options"}:
             opts.update(dict(item["options"]))
         else:
-            raise ConfigError(
-                f"audit item {item!r} is not an attack name, 'record', "
-                "{attack: NAME, ...options} or {options: {...}}"
-            )
+            attacks += _attacks_of(item)
+    _check_attacks(attacks)
+    return AuditSpec(attacks=tuple(attacks), **_checked_options(opts))
+
+
+def _attacks_of(item: Any) -> list[AttackSpec]:
+    """The attack an item names (none for ``record``, which only records)."""
+    if isinstance(item, str):
+        return [] if item.lower() == "record" else [AttackSpec(item.lower())]
+    if isinstance(item, Mapping) and "attack" in item:
+        extra = {k: v for k, v in item.items() if k not in ("attack", "label")}
+        return [AttackSpec(str(item["attack"]).lower(), extra, str(item.get("label", "")))]
+    raise ConfigError(
+        f"audit item {item!r} is not an attack name, 'record', "
+        "{attack: NAME, ...options} or {options: {...}}"
+    )
+
+
+def _check_attacks(attacks: Sequence[AttackSpec]) -> None:
+    """Refuse an unknown attack or option, and two attacks under one column
+    key, before anything runs."""
     for a in attacks:
         make_config(ATTACKS.get(a.name), dict(a.options))  # unknown name/option -> ConfigError
     keys = [a.key for a in attacks]
     if len(set(keys)) != len(keys):
         raise ConfigError(f"audit lists an attack twice ({keys}); give one a distinct label")
+
+
+def _checked_options(opts: dict[str, Any]) -> dict[str, Any]:
+    """The audit options, unknown ones refused, ``clients`` / ``rounds`` as
+    tuples of ints."""
     unknown = sorted(set(opts) - set(_OPTION_FIELDS))
     if unknown:
         raise ConfigError(
@@ -95,4 +109,4 @@ def parse_audit(items: Sequence[Any] | None) -> AuditSpec | None:
     for k in ("clients", "rounds"):
         if opts.get(k) is not None:
             opts[k] = tuple(int(v) for v in opts[k])
-    return AuditSpec(attacks=tuple(attacks), **opts)
+    return opts

@@ -10,6 +10,7 @@ from typing import Any
 from rich.table import Table
 
 from osfl.privacy.audit.scoring import stats
+from osfl.record import RunRecord, typed
 
 AUDIT_HEADING = "## Privacy audit"
 
@@ -27,12 +28,12 @@ class _Pool:
     failed: dict[_Key, int] = field(default_factory=dict)
     threat: dict[_Key, str] = field(default_factory=dict)
 
-    def add(self, record: Mapping[str, Any]) -> None:
+    def add(self, record: RunRecord) -> None:
         """Every scored attack of one run record (unscored entries are skipped)."""
-        for key, res in (record.get("audit") or {}).items():
+        for key, res in (record.audit or {}).items():
             if not isinstance(res, Mapping) or "per_observation" not in res:
                 continue
-            self.add_result((str(record.get("point") or ""), str(record.get("method")), key), res)
+            self.add_result((record.point, record.method, key), res)
 
     def add_result(self, base: tuple[str, str, str], res: Mapping[str, Any]) -> None:
         """One attack's result, split by the global model its observations saw;
@@ -47,10 +48,13 @@ class _Pool:
         self.failed[g] = self.failed.get(g, 0) + len(res.get("failed", []))
 
 
-def audit_rows(records: Sequence[Mapping[str, Any]]) -> tuple[list[str], list[list[str]]]:
-    """Header and cells: one row per (setting, method, attack), observations pooled over seeds."""
+def audit_rows(
+    records: Sequence[RunRecord | Mapping[str, Any]],
+) -> tuple[list[str], list[list[str]]]:
+    """Header and cells: one row per (setting, method, attack), observations
+    pooled over seeds (records read as :class:`~osfl.record.RunRecord`)."""
     pool = _Pool()
-    for r in records:
+    for r in typed(records):
         pool.add(r)
     with_point = any(g[0] for g in pool.observations)
     header = [*(["setting"] if with_point else []), "method", "attack", "threat model"]
@@ -81,7 +85,7 @@ def _numeric(header: str) -> bool:
     return header.endswith(")") or header in ("obs.", "failed", "local steps")
 
 
-def audit_markdown(records: Sequence[Mapping[str, Any]]) -> str:
+def audit_markdown(records: Sequence[RunRecord | Mapping[str, Any]]) -> str:
     """The audit table as Markdown (a ``## Privacy audit`` section of summary.md)."""
     header, cells = audit_rows(records)
     if not cells:
@@ -99,7 +103,9 @@ def audit_markdown(records: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def audit_rich_table(records: Sequence[Mapping[str, Any]], title: str = "privacy audit") -> Any:
+def audit_rich_table(
+    records: Sequence[RunRecord | Mapping[str, Any]], title: str = "privacy audit"
+) -> Any:
     """The audit table for the terminal (``None`` when nothing was scored)."""
     header, cells = audit_rows(records)
     if not cells:

@@ -144,32 +144,10 @@ def _hp(obs: Observation, key: str, default: Any = None) -> Any:
 
 def local_training(obs: Observation, steps: int | None = None) -> LocalTraining:
     """Parse and check the public hyper-parameters of ``obs``."""
-
-    def bad(msg: str, fld: str) -> ObservationError:
-        return ObservationError(msg, field=fld, client=obs.client_id, round=obs.round)
-
-    lr = _hp(obs, "lr")
-    if not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
-        raise bad(f"needs a positive learning rate, got {lr!r}", "hparams.train.lr")
-    bs = _hp(obs, "batch_size")
-    if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
-        raise bad(f"needs a positive integer batch size, got {bs!r}", "hparams.train.batch_size")
+    lr, bs = _lr_and_batch_size(obs)
     n = obs.upload_meta.get("num_samples")
     drop_last = bool(_hp(obs, "drop_last", False))
-    if steps is None:
-        steps = _hp(obs, "steps")
-    if steps is None:
-        epochs = _hp(obs, "epochs")
-        if not isinstance(n, int) or not isinstance(epochs, int):
-            raise bad(
-                "the number of local steps is unknown: record hparams.train.steps, or "
-                "hparams.train.epochs and upload_meta.num_samples (or pass steps=)",
-                "hparams.train.steps",
-            )
-        per_epoch = n // bs if drop_last else math.ceil(n / bs)
-        steps = epochs * per_epoch
-    if not isinstance(steps, int) or steps < 1:
-        raise bad(f"local steps must be a positive integer, got {steps!r}", "hparams.train.steps")
+    steps = _local_steps(obs, steps, n, bs, drop_last)
     sizes = _step_batch_sizes(n, bs, steps, drop_last) if isinstance(n, int) and n > 0 else ()
     optimizer = str(_hp(obs, "optimizer", "sgd")).lower()
     momentum = float(_hp(obs, "momentum", 0.0) or 0.0)
@@ -188,6 +166,48 @@ def local_training(obs: Observation, steps: int | None = None) -> LocalTraining:
         scheme_params=fl,
         batch_sizes=sizes,
     )
+
+
+def _bad(obs: Observation, msg: str, fld: str) -> ObservationError:
+    """An error naming the field, client and round of ``obs`` at fault."""
+    return ObservationError(msg, field=fld, client=obs.client_id, round=obs.round)
+
+
+def _lr_and_batch_size(obs: Observation) -> tuple[float, int]:
+    """The learning rate (positive, finite) and batch size (a positive int,
+    never a bool): the attacks divide and count by them."""
+    lr = _hp(obs, "lr")
+    if not isinstance(lr, (int, float)) or not lr > 0 or not math.isfinite(lr):
+        raise _bad(obs, f"needs a positive learning rate, got {lr!r}", "hparams.train.lr")
+    bs = _hp(obs, "batch_size")
+    if not isinstance(bs, int) or isinstance(bs, bool) or bs < 1:
+        raise _bad(
+            obs, f"needs a positive integer batch size, got {bs!r}", "hparams.train.batch_size"
+        )
+    return lr, bs
+
+
+def _local_steps(obs: Observation, steps: int | None, n: Any, bs: int, drop_last: bool) -> int:
+    """The number of local steps: given, recorded (``hparams.train.steps``),
+    or ``epochs`` times the batches an epoch of ``n`` samples holds."""
+    if steps is None:
+        steps = _hp(obs, "steps")
+    if steps is None:
+        epochs = _hp(obs, "epochs")
+        if not isinstance(n, int) or not isinstance(epochs, int):
+            raise _bad(
+                obs,
+                "the number of local steps is unknown: record hparams.train.steps, or "
+                "hparams.train.epochs and upload_meta.num_samples (or pass steps=)",
+                "hparams.train.steps",
+            )
+        per_epoch = n // bs if drop_last else math.ceil(n / bs)
+        steps = epochs * per_epoch
+    if not isinstance(steps, int) or steps < 1:
+        raise _bad(
+            obs, f"local steps must be a positive integer, got {steps!r}", "hparams.train.steps"
+        )
+    return steps
 
 
 def classifier_name(model: nn.Module) -> str:
