@@ -1,15 +1,25 @@
 """The robust rules at their edges: one surviving upload, client ids that
-decide a tie, the default draw, the round's draw seed (mutants of
-``osfl.fl.aggregators`` that the round-three mutmut run left alive: TESTING.md)."""
+decide a tie, the default draw, the round's draw seed; and the weighted mean
+under them: sizes in float32, sizes without a finite positive total, a size
+count that is not the state count, counters past float32's integers (mutants
+of ``osfl.fl.aggregators`` that the round-three mutmut runs left alive, the
+last four tests for its re-run under the forkserver isolation: TESTING.md)."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from osfl.fl.aggregators import AGGREGATORS, aggregate_states, dnc_draws, draw_seed
+from osfl.fl.aggregators import (
+    AGGREGATORS,
+    aggregate_states,
+    dnc_draws,
+    draw_seed,
+    weighted_mean,
+)
 from osfl.fl.seeds import derive_seed
 from osfl.fl.server_config import ServerConfig
 
@@ -89,3 +99,62 @@ def test_without_a_seed_dnc_draws_from_seed_0() -> None:
     assert torch.equal(default, seeded)
     assert math.isclose(float(default[hidden].mean()), 50 / 4, rel_tol=0.05)
     assert abs(float(other[hidden].mean())) < 0.5
+
+
+@pytest.mark.parametrize("rule", ["mean", "multi_krum", "dnc"])
+def test_float32_sizes_are_normalised_in_float64(rule: str) -> None:
+    """Sizes handed over as float32 (a NumPy or torch count array) are
+    normalised in float64, as the module promises: 1 and 2 of 3 weigh exactly
+    1/3 and 2/3 to float64's precision, so the states 3 and 0 average to 1.0
+    exactly; normalised in float32, 1/3 becomes 0.33333334 and the mean
+    1.0000000298. Multi-Krum and DnC (n = 2, f = 0) keep both clients and
+    weigh them the same way."""
+    states = [{"w": torch.tensor([3.0], dtype=F64)}, {"w": torch.tensor([0.0], dtype=F64)}]
+    sizes = np.array([1.0, 2.0], dtype=np.float32)
+    assert float(weighted_mean(states, sizes)["w"]) == 1.0
+    params = ServerConfig(aggregator=rule, byzantine=0)
+    out = aggregate_states(states, sizes, params, rule=rule)
+    assert float(out["w"]) == 1.0
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [[0.0, 0.0, 0.0], [1.0, math.inf, 2.0], [-1.0, -2.0, -3.0]],
+    ids=["all-zero", "infinite", "negative"],
+)
+def test_sizes_without_a_finite_positive_total_weigh_every_client_the_same(sizes) -> None:
+    """Sizes that sum to 0, to infinity or below 0 cannot be normalised: every
+    client counts 1/n, so the states 1, 4 and 10 average to 5. Divided by
+    their total instead, the first two give NaN and the third 6.5
+    ((1 + 8 + 30) / 6), a wrong mean that looks valid."""
+    states = [{"w": torch.tensor([v], dtype=F64)} for v in (1.0, 4.0, 10.0)]
+    assert float(weighted_mean(states, sizes)["w"]) == pytest.approx(5.0, abs=1e-12)
+    out = aggregate_states(states, sizes, ServerConfig(aggregator="mean"))
+    assert float(out["w"]) == pytest.approx(5.0, abs=1e-12)
+
+
+def test_weighted_mean_refuses_no_state_and_a_size_count_that_is_not_the_state_count() -> None:
+    """No state has no mean; and two sizes for three states would drop a
+    client's state from the mean without a word (or weigh each state with
+    another client's size), so the sizes are paired strictly."""
+    with pytest.raises(ValueError, match=r"^weighted_mean needs at least one state$"):
+        weighted_mean([], [])
+    states = [{"w": torch.tensor([float(v)], dtype=F64)} for v in (1, 2, 3)]
+    for sizes in ([1.0, 1.0], [1.0, 1.0, 1.0, 1.0]):
+        with pytest.raises(ValueError, match=r"zip\(\) argument 2 is (shorter|longer)"):
+            weighted_mean(states, sizes)
+
+
+def test_weighted_mean_multiplies_in_float64_whatever_the_states_dtype() -> None:
+    """Each state is lifted to float64 before it is weighed: a step counter of
+    2²⁴ + 1 (past float32's integers) held by two equal clients averages to
+    itself, where 0.5 · (2²⁴ + 1) taken in float32 rounds to 2²³ and the mean
+    to 2²⁴; and ten float32 copies of one model, each weighing 1/10, return
+    it bit for bit."""
+    big = 2**24 + 1
+    counters = [{"n": torch.tensor(big)}, {"n": torch.tensor(big)}]
+    out = weighted_mean(counters, [1.0, 1.0])
+    assert out["n"].dtype == torch.long and int(out["n"]) == big
+    model = torch.randn(1_000, generator=torch.Generator().manual_seed(0))
+    out = weighted_mean([{"w": model.clone()} for _ in range(10)], [1.0] * 10)
+    assert out["w"].dtype == torch.float32 and torch.equal(out["w"], model)
