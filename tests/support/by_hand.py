@@ -15,6 +15,7 @@ from osfl.data.transforms import build_transform
 from osfl.fl.context import ClientContext, ClientState, ModelSpec, RunContext
 from osfl.fl.method import METHODS
 from osfl.fl.train_config import TrainConfig
+from osfl.fl.upload import Upload
 from osfl.methods.clients import model_from_state
 
 LR = 0.1
@@ -64,3 +65,33 @@ def close(a: torch.Tensor, b: torch.Tensor) -> None:
 def params(run: RunContext, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     names = [n for n, _ in model_from_state(run, state).named_parameters()]
     return {n: state[n] for n in names}
+
+
+#: The role tests' clients: each a different sample count, arriving scrambled.
+ROLE_COUNTS = {0: 5, 1: 40, 2: 12, 3: 90, 4: 27}
+ROLE_ARRIVAL = (3, 0, 4, 2, 1)
+
+
+def scrambled_uploads(model: dict[str, torch.Tensor], missing: int) -> tuple[dict, float]:
+    """Client ``c`` sends the constant model ``c + 1`` with its own count, in
+    :data:`ROLE_ARRIVAL` order; ``missing`` sends nothing and one more client
+    an unusable count (0). Returns the uploads and the data-size-weighted
+    average over the kept clients, worked out by client id; a weighting that
+    paired counts with clients in arrival order would be > 0.1 away
+    (asserted here, so the inputs cannot be symmetric)."""
+    unusable = 1 if missing != 1 else 3
+    uploads = {
+        c: Upload(
+            tensors={k: torch.full_like(v, float(c + 1)) for k, v in model.items()},
+            meta={"num_samples": 0 if c == unusable else ROLE_COUNTS[c]},
+        )
+        for c in ROLE_ARRIVAL
+        if c != missing
+    }
+    kept = sorted(c for c in ROLE_COUNTS if c not in (missing, unusable))
+    total = sum(ROLE_COUNTS[c] for c in kept)
+    want = sum(ROLE_COUNTS[c] * (c + 1) for c in kept) / total
+    arrival = [c for c in ROLE_ARRIVAL if c in kept]
+    misread = sum(ROLE_COUNTS[a] * (c + 1) for a, c in zip(arrival, kept, strict=True)) / total
+    assert abs(want - misread) > 0.1  # the pairing shows in the average
+    return uploads, want

@@ -15,11 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from osfl.fl.upload import Upload
-from support.by_hand import close, hand_run, make
-
-COUNTS = {0: 5, 1: 40, 2: 12, 3: 90, 4: 27}
-ARRIVAL = (3, 0, 4, 2, 1)
+from support.by_hand import close, hand_run, make, scrambled_uploads
 
 
 @pytest.mark.parametrize("missing", [0, 2, 4])
@@ -27,21 +23,7 @@ def test_each_kept_client_s_count_weighs_its_own_model(missing: int) -> None:
     run = hand_run()
     method = make("fedavg", run)
     state = method.init_state()
-    unusable = 1 if missing != 1 else 3
-    uploads = {
-        c: Upload(
-            tensors={k: torch.full_like(v, float(c + 1)) for k, v in state.items()},
-            meta={"num_samples": 0 if c == unusable else COUNTS[c]},
-        )
-        for c in ARRIVAL
-        if c != missing
-    }
-    kept = sorted(c for c in COUNTS if c not in (missing, unusable))
-    total = sum(COUNTS[c] for c in kept)
-    want = sum(COUNTS[c] * (c + 1) for c in kept) / total
-    arrival = [c for c in ARRIVAL if c in kept]
-    misread = sum(COUNTS[a] * (c + 1) for a, c in zip(arrival, kept, strict=True)) / total
-    assert abs(want - misread) > 0.1  # the pairing shows in the average
+    uploads, want = scrambled_uploads(state, missing)
     new = method.aggregate(state, uploads, 0)
     for v in new.values():
         if v.is_floating_point():
