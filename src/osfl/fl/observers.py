@@ -309,12 +309,18 @@ class HasStateDict(Protocol):
     def state_dict(self) -> Mapping[str, torch.Tensor]: ...
 
 
+#: The safetensors header key of a round checkpoint's ``{"round", "metrics"}``.
+CHECKPOINT_KEY = "osfl_round"
+
+
 class Checkpointer(Observer):
     """Saves the server state every ``every`` rounds as ``dir/round_RRR.safetensors``.
 
     The state is saved when it is a (nested) mapping of tensors or has
     ``state_dict()``; otherwise the round is skipped with a debug log. The
-    round's metrics ride along as JSON in the safetensors header.
+    round and its metrics ride along as one JSON object under
+    :data:`CHECKPOINT_KEY` in the safetensors header, so that identical runs
+    keep byte-identical files.
     """
 
     def __init__(self, dir: str | Path, every: int = 1):
@@ -339,7 +345,10 @@ class Checkpointer(Observer):
         self.dir.mkdir(parents=True, exist_ok=True)
         path = self.dir / f"round_{round:03d}.safetensors"
         tmp = path.with_suffix(".tmp")
-        meta = {"round": str(round), "metrics": json.dumps(dict(metrics), default=str)}
+        # one header key: safetensors writes a map of several in a per-process
+        # order, so two identical runs would keep files that differ byte-wise
+        record = {"round": round, "metrics": dict(metrics)}
+        meta = {CHECKPOINT_KEY: json.dumps(record, default=str, sort_keys=True)}
         cpu = {k: v.detach().to("cpu").contiguous().clone() for k, v in tensors.items()}
         with atomic_section():  # Ctrl-C waits for the rename: never half a checkpoint
             save_file(cpu, str(tmp), metadata=meta)

@@ -163,6 +163,28 @@ def _is_convnet(model: nn.Module) -> bool:
     )
 
 
+@contextmanager
+def _cuda_layout(model: nn.Module, device: torch.device) -> Iterator[bool]:
+    """Train a convnet bound for CUDA in channels_last (NHWC, tensor cores'
+    layout), with cudnn picking each conv's fastest algorithm once per shape
+    (among deterministic ones if those are enforced); yields whether it does.
+    The model leaves in the usual layout (serialisers want it). Elsewhere (the
+    CPU, a ViT) nothing changes, so CPU numbers stay today's."""
+    if device.type != "cuda" or not _is_convnet(model):
+        yield False
+        return
+    model.to(memory_format=torch.channels_last)
+    torch.backends.cudnn.benchmark = True
+    yield True
+    model.to(memory_format=torch.contiguous_format)
+
+
+def _batch_layout(x: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    """A batch of images in the layout the model trains in (token and feature
+    batches, not 4-d, pass as they are)."""
+    return x.contiguous(memory_format=torch.channels_last) if channels_last and x.ndim == 4 else x
+
+
 def _autocast_dtype(device: torch.device) -> torch.dtype:
     # bf16 needs no loss scaling; fp16 (older GPUs) goes through a GradScaler.
     return getattr(torch, compute_dtype(device, amp=True))
@@ -281,35 +303,26 @@ def train_local(
     aug_generator = augmentation_generator(generator, device)
     total = cfg.total_steps(len(data))
     model.to(device).train()
-    channels_last = device.type == "cuda" and _is_convnet(model)
-    if channels_last:
-        # NHWC convolutions (tensor cores' layout); cudnn picks each conv's fastest
-        # algorithm once per shape (among deterministic ones if those are enforced)
-        model.to(memory_format=torch.channels_last)
-        torch.backends.cudnn.benchmark = True
-    stepper = _Stepper(model, cfg, total, device, terms, loss_fn)
     tap = _STEP_LABELS.get()
-    tally = StepTally(total, min(len(loader), total), device)
-    step = 0
-    start = time.perf_counter()
-    with _LossBar(progress, description, total, device) as bar:
-        while step < total:
-            for xb, yb in loader:
-                x = transform(xb, aug_generator) if transform is not None else xb.float() / 255
-                if channels_last and x.ndim == 4:
-                    x = x.contiguous(memory_format=torch.channels_last)
-                last, logits = stepper(x, yb)
-                tally.add(step, last, logits, yb)
-                if on_batch is not None:
-                    on_batch(step, x, yb)
-                if tap is not None:
-                    tap.append(yb.detach())
-                step += 1
-                bar.advance(step, last)
-                if step >= total:
-                    break
-    if channels_last:  # state dicts leave in the usual layout (serialisers want it)
-        model.to(memory_format=torch.contiguous_format)
+    with _cuda_layout(model, device) as channels_last:
+        stepper = _Stepper(model, cfg, total, device, terms, loss_fn)
+        tally = StepTally(total, min(len(loader), total), device)
+        step, start = 0, time.perf_counter()
+        with _LossBar(progress, description, total, device) as bar:
+            while step < total:
+                for xb, yb in loader:
+                    x = transform(xb, aug_generator) if transform is not None else xb.float() / 255
+                    x = _batch_layout(x, channels_last)
+                    last, logits = stepper(x, yb)
+                    tally.add(step, last, logits, yb)
+                    if on_batch is not None:
+                        on_batch(step, x, yb)
+                    if tap is not None:
+                        tap.append(yb.detach())
+                    step += 1
+                    bar.advance(step, last)
+                    if step >= total:
+                        break
     stats = tally.stats(step, step / len(loader), time.perf_counter() - start)
     for w in stats.warnings:
         log.warning("%s: %s", description, w)
