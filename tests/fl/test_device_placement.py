@@ -93,8 +93,11 @@ def test_the_simulated_device_refuses_what_cuda_refuses() -> None:
             torch.rand(3, device=dev, generator=torch.Generator().manual_seed(0))
         with pytest.raises(TypeError, match="numpy"):
             w.numpy()
+        with pytest.raises(PlacementError, match="cpu and simgpu"):
+            torch.zeros(()).add_(w.sum())  # a CPU scalar is no destination for a device sum
         # what CUDA allows: CPU scalars, CPU indices, copies, a device generator
         assert _on_device(w * torch.tensor(2.0)) and _on_device(w[torch.tensor([0, 2])])
+        assert _on_device(w.sum().add_(torch.tensor(2.0)))
         assert _on_device(torch.zeros(3, device=dev).copy_(torch.ones(3)))
         g = torch.Generator(device=dev).manual_seed(0)
         assert _on_device(torch.rand(3, device=dev, generator=g))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from contextlib import nullcontext
 from typing import ClassVar
@@ -312,6 +313,23 @@ def test_the_hooks_the_bar_and_the_record_see_every_step_in_order() -> None:
     assert 0 < stats.seconds <= elapsed
 
 
+class _OneWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(()))
+
+
+def test_the_schedule_spans_the_runs_steps() -> None:
+    """A loss of gradient 1 moves the weight by the lr of each step: with a
+    cosine over the 4 steps of the run (batches of 4 of 12 samples, so the
+    run crosses an epoch), the lrs are 0.1·½(1 + cos(πt/4)), t = 0..3."""
+    model = _OneWeight()
+    cfg = TrainConfig(lr=0.1, schedule="cosine", batch_size=4, steps=4)
+    train_local(model, _data(), cfg, loss_fn=lambda m, x, y: m.w * 1.0)
+    lrs = [0.1 * 0.5 * (1 + math.cos(math.pi * t / 4)) for t in range(4)]
+    assert model.w.item() == pytest.approx(1 - sum(lrs), abs=1e-6)
+
+
 def test_what_training_says_is_logged_under_its_name_and_collected(caplog) -> None:
     def diverging(m: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return m(x).sum() * float("nan")
@@ -350,6 +368,7 @@ def test_on_a_device_the_model_tally_and_bar_stay_there_and_no_step_waits() -> N
         )
         assert all(p.device == dev for p in model.parameters())
     assert [b - a for a, b in itertools.pairwise(marks)] == [0] * 5
+    assert [e.kind for e in log.events[marks[-1] :]] == ["read"]  # the tally, once, at the end
 
 
 def test_init_model_draws_from_the_runs_global_init_seed() -> None:

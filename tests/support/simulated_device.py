@@ -275,15 +275,30 @@ def _device_of(t: torch.Tensor) -> torch.device:
     return torch.device(DEVICE_TYPE, 0) if isinstance(t, OnDevice) else t.device
 
 
+def _written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+    """The tensors ``func`` writes into: an in-place op's ``self``, an ``out=``."""
+    out = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = args[i] if i < len(args) else kwargs.get(arg.name)
+            if isinstance(value, torch.Tensor):
+                out.append(value)
+    return out
+
+
 def _checked_devices(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[torch.device]:
-    """The devices of the tensors whose placement must agree in ``func``."""
+    """The devices of the tensors whose placement must agree in ``func``. A CPU
+    0-dim tensor is exempt as an input (CUDA reads it as a scalar), not as the
+    tensor written into: ``cpu_sum += cuda_loss`` raises on a GPU."""
+    written = _written(func, args, kwargs)
     if func in _INDEXING:
         args = (args[0], *args[2:])  # CUDA accepts CPU index tensors
     leaves = tree_flatten((args, kwargs))[0]
     return {
         _device_of(t)
         for t in leaves
-        if isinstance(t, torch.Tensor) and not (_device_of(t).type == "cpu" and t.dim() == 0)
+        if isinstance(t, torch.Tensor)
+        and not (_device_of(t).type == "cpu" and t.dim() == 0 and not any(t is w for w in written))
     }
 
 

@@ -170,7 +170,7 @@ def _cuda_layout(model: nn.Module, device: torch.device) -> Iterator[bool]:
     (among deterministic ones if those are enforced); yields whether it does.
     The model leaves in the usual layout (serialisers want it). Elsewhere (the
     CPU, a ViT) nothing changes, so CPU numbers stay today's."""
-    if device.type != "cuda" or not _is_convnet(model):
+    if not _is_convnet(model) or device.type != "cuda":
         yield False
         return
     model.to(memory_format=torch.channels_last)
