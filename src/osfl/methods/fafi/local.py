@@ -55,10 +55,11 @@ def salt_transform(arches: Architectures, data: ImageSet) -> Transform:
 def train_net(
     arches: Architectures, ctx: ClientContext, net: FAFINet, data: ImageSet, arch: str
 ) -> FAFINet:
-    """``net`` trained with the run's recipe: SALT, or the plain CE model when
-    the loss is CE alone (with no projection, the very FedAvg / Ensemble client
-    and its cache entry)."""
+    """``net`` trained on ``ctx.device`` with the run's recipe: SALT, or the
+    plain CE model when the loss is CE alone (with no projection, the very
+    FedAvg / Ensemble client and its cache entry)."""
     cfg, loss, recipe = arches.config, arches.config.loss, arches.run.train
+    net.to(ctx.device)  # before the held-rows mask is made where the prototypes live
     if loss.plain_ce and net.head is None:
         train_client(ctx, data, model=net.backbone, cfg=recipe, extra_key=arches.cache_key(arch))
         return net.eval()

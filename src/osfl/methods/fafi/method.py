@@ -117,7 +117,7 @@ class FAFI(Method, Screening):
         init = {k[len(prefix) :]: v for k, v in broadcast.tensors.items() if k.startswith(prefix)}
         net = self.arches.build(arch)
         net.load_state_dict(init, strict=True)
-        net = train_net(self.arches, ctx, net.to(ctx.device), data, arch)
+        net = train_net(self.arches, ctx, net, data, arch)
         tensors = {_EXT + k: v for k, v in net.extractor().state_dict().items()}
         tensors["prototypes"] = client_prototypes(self.arches, net, data, ctx.device)
         meta: dict[str, Any] = {"num_samples": len(data)}
