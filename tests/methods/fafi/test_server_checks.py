@@ -16,8 +16,9 @@ import torch
 
 from osfl.assembly import SeedContext, build_federation, build_run, load_splits
 from osfl.config import load_config
+from osfl.errors import UploadError
 from osfl.fl.context import ClientContext
-from osfl.fl.upload import Broadcast, Upload
+from osfl.fl.upload import Broadcast, Upload, validate
 from osfl.methods.fafi import FAFI, FAFIConfig
 from support.simulated_device import simulated_device
 from support.tiny import TINY
@@ -139,3 +140,13 @@ def test_the_announced_hyperparameters_name_the_scheme_and_its_options(ctx) -> N
     hp = _fafi(ctx, config).public_hparams()
     assert hp["fl"] == {"scheme": "fafi", **asdict(config)}
     assert hp["fl"]["fusion"] == "average"
+
+
+def test_prototypes_of_another_dtype_are_refused(ctx) -> None:
+    m = _fafi(ctx)
+    state = m.init_state()
+    spec = m.upload_spec(state, 0, 1)
+    good = _upload(m, state, torch.randn(10, 32))
+    validate(good, spec, client=1)
+    with pytest.raises(UploadError, match="prototypes"):
+        validate(_upload(m, state, torch.randn(10, 32, dtype=torch.float64)), spec, client=1)
