@@ -150,3 +150,40 @@ def test_prototypes_of_another_dtype_are_refused(ctx) -> None:
     validate(good, spec, client=1)
     with pytest.raises(UploadError, match="prototypes"):
         validate(_upload(m, state, torch.randn(10, 32, dtype=torch.float64)), spec, client=1)
+
+
+# --------------------------------------------------------------------------- the predictor
+def _with_clients(m: FAFI, ids: list[int], drop: str | None = None) -> dict[str, Any]:
+    """The server state after ``ids`` uploaded the broadcast extractor (the
+    first one without the key ``drop``: a damaged state)."""
+    state = m.init_state()
+    ext = m._initial_extractor(state, m.arch_of(ids[0])).state_dict()
+    clients = {
+        c: {
+            "extractor": {k: v.clone() for k, v in ext.items() if not (k == drop and c == ids[0])},
+            "prototypes": torch.randn(10, 32),
+            "num_samples": 5 + c,
+        }
+        for c in ids
+    }
+    return {**state, "clients": clients}
+
+
+def test_the_params_fusion_averages_one_architecture_even_for_one_client(ctx) -> None:
+    config = FAFIConfig(fusion="params", models=[ctx.run.model.name], scoring="unit_feature")
+    predictor = _fafi(ctx, config).predictor(_with_clients(_fafi(ctx, config), [4]))
+    assert (predictor.fusion, predictor.scoring, len(predictor.extractors)) == (
+        "average",
+        "unit_feature",
+        1,
+    )
+
+
+@pytest.mark.parametrize("fusion", ["iffi", "params"])
+def test_a_stored_extractor_missing_a_key_is_not_loaded_in_part(ctx, fusion: str) -> None:
+    """A damaged server state (a resumed file) fails to load rather than
+    leaving a layer at its fresh initial weights."""
+    m = _fafi(ctx, FAFIConfig(fusion=fusion))
+    first = next(iter(m._initial_extractor(m.init_state(), m.arch_of(0)).state_dict()))
+    with pytest.raises(RuntimeError, match="Missing key"):
+        m.predictor(_with_clients(m, [0, 1], drop=first))
