@@ -187,3 +187,14 @@ def test_a_stored_extractor_missing_a_key_is_not_loaded_in_part(ctx, fusion: str
     first = next(iter(m._initial_extractor(m.init_state(), m.arch_of(0)).state_dict()))
     with pytest.raises(RuntimeError, match="Missing key"):
         m.predictor(_with_clients(m, [0, 1], drop=first))
+
+
+def test_the_iffi_predictor_takes_the_configs_feature_options(ctx) -> None:
+    config = FAFIConfig(normalize_features=True, scoring="unit_feature")
+    predictor = _fafi(ctx, config).predictor(_with_clients(_fafi(ctx, config), [0, 2]))
+    assert (predictor.fusion, predictor.normalize_features, predictor.scoring) == (
+        "iffi",
+        True,
+        "unit_feature",
+    )
+    assert predictor.noise_spec.seed is not None and len(predictor.extractors) == 2
