@@ -78,7 +78,8 @@ def test_an_extractor_is_bounded_by_its_update_from_the_broadcast(ctx) -> None:
 
 
 def test_an_extractor_whose_features_are_not_finite_is_refused(ctx) -> None:
-    m = _fafi(ctx, member_filter="finite")
+    """Loaded into client 1's own architecture (``models`` listed)."""
+    m = _fafi(ctx, FAFIConfig(models=[ctx.run.model.name]), member_filter="finite")
     state = m.init_state()
     why = m.screen(state, 0, 1, _upload(m, state, torch.randn(10, 32), scale=1e38))
     assert why == "member outputs are not finite on the server's probe batch"
