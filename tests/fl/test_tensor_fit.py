@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -16,7 +17,8 @@ from torch import nn
 from osfl.errors import ConfigError
 from osfl.fl.optim import build_optimizer, build_schedule
 from osfl.fl.progress import Progress, ProgressTask
-from osfl.fl.tensor_fit import FitConfig, fit
+from osfl.fl.tensor_fit import FitConfig, _forked_devices, fit
+from support.simulated_device import count_syncs, simulated_device
 
 #: a recipe that uses every part of the loop: a schedule over all steps,
 #: clipping that binds, decoupled decay, a short last batch (20 = 2·8 + 4)
@@ -182,3 +184,78 @@ def test_refusals_name_the_run_and_the_bad_value() -> None:
         "last",
         False,
     )
+
+
+def test_amp_asks_for_bfloat16_on_every_device(monkeypatch) -> None:
+    """bfloat16 by name: the CPU's autocast defaults to it, a GPU's to
+    float16, which would need loss scaling."""
+    asked: list[tuple[str, object]] = []
+
+    def recording(device_type: str, dtype: object = None, **kw: object) -> nullcontext:
+        asked.append((device_type, dtype))
+        return nullcontext()
+
+    monkeypatch.setattr(torch, "autocast", recording)
+    fit(
+        nn.Linear(4, 2),
+        [torch.randn(3, 4)],
+        lambda m, x: m(x).pow(2).mean(),
+        FitConfig(epochs=1, batch_size=4, amp=True),
+        generator=torch.Generator(),
+    )
+    assert asked == [("cpu", torch.bfloat16)]
+
+
+@pytest.mark.parametrize(("kind", "forked"), [("cpu", False), ("cuda", True)])
+def test_the_dropout_seed_forks_a_gpus_random_state_too(kind: str, forked: bool) -> None:
+    device = torch.device(kind)
+    assert _forked_devices(device) == ([device] if forked else [])
+
+
+class _SometimesUsed(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Parameter(torch.ones(1)), nn.Parameter(torch.ones(1))
+        self.calls = 0
+
+
+def test_a_parameter_without_a_gradient_this_batch_is_not_stepped() -> None:
+    """Gradients are set to ``None`` before each backward: Adam skips a
+    parameter the loss did not reach this batch (zeroed gradients would let
+    its moments carry it on). ``b`` is reached by the first batch only, where
+    Adam's first step moves it by exactly the lr."""
+    model = _SometimesUsed()
+
+    def loss(m: _SometimesUsed, x: torch.Tensor) -> torch.Tensor:
+        m.calls += 1
+        return m.a.sum() * x.sum() + (m.b.sum() if m.calls == 1 else 0.0)
+
+    fit(
+        model,
+        [torch.ones(3, 1)],
+        loss,
+        FitConfig(epochs=3, batch_size=3, lr=0.1),
+        generator=torch.Generator(),
+    )
+    assert model.calls == 3 and model.b.item() == pytest.approx(0.9)
+    assert model.a.item() < 0.8  # reached by every batch: moved three times
+
+
+def test_on_a_device_fit_trains_there_and_reads_it_once_per_epoch() -> None:
+    """The simulated GPU (tests/support/simulated_device.py): the tensors and
+    the model go to the device once, every batch is indexed there and the
+    epoch's loss is summed there; each epoch reads it once."""
+    with simulated_device() as dev, count_syncs() as log:
+        model = nn.Linear(4, 2)
+        x, y = torch.randn(10, 4), torch.arange(10) % 2
+        fit(
+            model,
+            [x, y],
+            _loss,
+            FitConfig(epochs=3, batch_size=4),
+            generator=torch.Generator(),
+            device=dev,
+        )
+        assert all(p.device == dev for p in model.parameters())
+    reads = [e for e in log.events if e.kind == "read"]
+    assert len(reads) == 3 and not [e for e in log.events if "index" in e.op]

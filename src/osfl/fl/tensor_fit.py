@@ -113,9 +113,8 @@ def fit(
     )
     task = (progress or Progress()).task(description, cfg.epochs)
     # dropout draws from the global RNG: seed it from ``generator`` inside a fork
-    forked = [device] if device.type == "cuda" else []
     seed = int(torch.randint(0, 2**62, (1,), generator=generator))
-    with torch.random.fork_rng(devices=forked), task:
+    with torch.random.fork_rng(devices=_forked_devices(device)), task:
         torch.manual_seed(seed)
         for _ in range(cfg.epochs):
             order = torch.randperm(n, generator=generator).to(device)
@@ -137,6 +136,13 @@ def fit(
     best.restore(model)
     model.eval()
     return losses
+
+
+def _forked_devices(device: torch.device) -> list[torch.device]:
+    """The accelerators whose random state :func:`fit` forks with the CPU's
+    (``torch.random.fork_rng``), so that its seeded dropout leaves the
+    caller's streams as they were: a GPU's, none on the CPU."""
+    return [device] if device.type == "cuda" else []
 
 
 def _epoch_value(
