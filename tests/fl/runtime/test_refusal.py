@@ -18,3 +18,12 @@ def test_a_refusal_reason_is_cut_however_long_the_attacker_s_value() -> None:
     assert said.startswith(str(long)[:MAX_REASON_CHARS])
     short = ValueError("bad")
     assert refusal(2, short) == "[client 2, field '*'] ValueError while checking it: bad"
+
+
+def test_a_reason_of_exactly_the_bound_is_whole_and_one_more_says_how_much_was_cut() -> None:
+    at = ValueError(
+        "x" * (MAX_REASON_CHARS - len("[client 1, field '*'] ValueError while checking it: "))
+    )
+    assert len(refusal(1, at)) == MAX_REASON_CHARS and not refusal(1, at).endswith(")")
+    over = UploadError("y" * (MAX_REASON_CHARS + 7))
+    assert refusal(1, over) == "y" * MAX_REASON_CHARS + "… (7 more characters)"

@@ -1,0 +1,203 @@
+"""The round loop's server side, by value (``osfl.fl.runtime.rounds``): what
+the inbox records of each client's turn, what the screen is asked, the
+uploads kept from before a restart, the checkpoint a run resumes from, and
+the weighted mean of a summing transport (the mutants the end-to-end runtime
+tests did not see; TESTING.md, "Mutation testing").
+
+A scripted transport stands in for the clients: each test says what every
+client sends.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+import torch
+
+from osfl import assembly
+from osfl.config import load_config
+from osfl.errors import ConfigError
+from osfl.fl.observers import Observers
+from osfl.fl.runtime.base import RoundRecord
+from osfl.fl.runtime.checkpoint import PendingUpload, RoundCheckpoints
+from osfl.fl.runtime.client import ClientTurn
+from osfl.fl.runtime.rounds import ClientTransport, Inbox, RoundLoop, RoundUploads
+from osfl.fl.upload import Upload
+from support.tiny import TINY
+
+
+@pytest.fixture(scope="module")
+def job() -> Any:
+    cfg = load_config(
+        None, [*TINY, "partition.num_clients=4", "methods=[fedavg]", "cache_dir=null"]
+    )
+    ctx = assembly.seed_context(cfg, assembly.load_splits(cfg), 0)
+    return assembly.build_job(cfg, "fedavg", ctx)
+
+
+def _raw(job: Any, client: int) -> bytes:
+    state = job.method.init_state()
+    return Upload(dict(state), {"num_samples": job.clients.size(client)}).to_bytes()
+
+
+class _Scripted(ClientTransport):
+    """Clients whose turns are given; records what the loop asks of it."""
+
+    def __init__(self, turns: Mapping[int, ClientTurn]):
+        self.turns, self.asked, self.restored = dict(turns), [], []
+
+    def exchange(self, round, clients, payload, task):
+        self.asked.append((round, list(clients)))
+        return {c: self.turns[c] for c in clients}
+
+    def client_states(self):
+        return {}
+
+    def restore(self, states):
+        self.restored.append(dict(states))
+
+    def evaluate(self, payload, clients):
+        raise NotImplementedError
+
+    def score_client_models(self, payload, clients):
+        raise NotImplementedError
+
+
+def test_the_inbox_records_each_turn_in_turn_order_and_goes_on_after_a_refusal(job, caplog) -> None:
+    inbox = Inbox(job, Observers([]), checkpoints=None)
+    good = _raw(job, 3)
+    turns = {
+        2: ClientTurn(upload=None, state=None, failure="timed out"),
+        0: ClientTurn(upload=None, state=None),
+        1: ClientTurn(upload=b"not an upload", state=None, warnings=("loss rose",)),
+        5: ClientTurn(upload=b"also not", state=None),
+        3: ClientTurn(upload=good, state=None),
+    }
+    with caplog.at_level(logging.WARNING, "osfl.fl.runtime.rounds"):
+        got = inbox.receive(job.method.init_state(), 4, turns)
+    assert got.accepted == [3] and list(got.uploads) == [3]
+    assert got.refused[2] == "timed out" and got.refused[0] == "no upload"
+    assert got.refused[1].startswith("[client 1, field '*'] ")
+    assert got.refused[5].startswith("[client 5, field '*'] ")
+    assert got.bytes_refused == len(b"not an upload") + len(b"also not")
+    assert got.bytes_up == {3: len(good)} and got.warnings == {1: ["loss rose"]}
+    said = [r.getMessage() for r in caplog.records]
+    assert said[:2] == [
+        "round 4: client 2 sent nothing: timed out",
+        "round 4: client 0 sent nothing: no upload",
+    ]
+    assert said[2] == f"round 4: upload refused: {got.refused[1]}"
+
+
+def test_the_screen_is_asked_about_this_state_round_and_client(job, monkeypatch) -> None:
+    asked: list[tuple[Any, int, int]] = []
+
+    def screen(state, r, c, upload):
+        asked.append((state, r, c))
+        return "its features are not finite" if c == 2 else None
+
+    monkeypatch.setattr(job.method, "screen", screen)
+    inbox = Inbox(job, Observers([]), checkpoints=None)
+    state = job.method.init_state()
+    turns = {1: ClientTurn(_raw(job, 1), None), 2: ClientTurn(_raw(job, 2), None)}
+    got = inbox.receive(state, 3, turns)
+    assert [(s is state, r, c) for s, r, c in asked] == [(True, 3, 1), (True, 3, 2)]
+    assert got.accepted == [1]
+    assert got.refused == {2: "[client 2, field '*'] its features are not finite"}
+
+
+def test_the_spec_is_the_methods_for_this_round_and_client(job, monkeypatch) -> None:
+    asked: list[tuple[int, int]] = []
+    spec_of = job.method.upload_spec
+
+    def recording(state, r, c):
+        asked.append((r, c))
+        return spec_of(state, r, c)
+
+    monkeypatch.setattr(job.method, "upload_spec", recording)
+    inbox = Inbox(job, Observers([]), checkpoints=None)
+    inbox.accept(job.method.init_state(), 2, 3, _raw(job, 3))
+    assert asked == [(2, 3)]
+
+
+def test_uploads_kept_before_a_restart_are_not_asked_for_again(job, tmp_path, caplog) -> None:
+    """Client 1's upload of round 2 was accepted before the server stopped:
+    the transport asks only the others, gives client 1 back its state, and
+    client 1's turn is the kept upload with its warnings."""
+    checkpoints = RoundCheckpoints(tmp_path)
+    kept = PendingUpload(_raw(job, 1), b"client-1-state", ("loss rose",))
+    checkpoints.keep(2, 1, kept)
+    checkpoints.keep(1, 0, PendingUpload(_raw(job, 0), None, ()))  # another round's
+    inbox = Inbox(job, Observers([]), checkpoints)
+    assert inbox.kept(2, [0, 3]) == {} and set(inbox.kept(2, [0, 1, 3])) == {1}
+    transport = _Scripted({0: ClientTurn(_raw(job, 0), None), 3: ClientTurn(_raw(job, 3), None)})
+    with caplog.at_level(logging.INFO, "osfl.fl.runtime.rounds"):
+        got = transport.collect(inbox, job.method.init_state(), 2, [0, 1, 3], b"12345")
+    assert transport.asked == [(2, [0, 3])] and transport.restored == [{1: b"client-1-state"}]
+    assert got.accepted == [0, 1, 3] and got.warnings == {1: ["loss rose"]}
+    assert got.bytes_up[1] == len(kept.upload) and got.bytes_down == {0: 5, 1: 5, 3: 5}
+    assert "round 2: 1 upload(s) kept from before the restart" in [
+        r.getMessage() for r in caplog.records
+    ]
+    assert set(inbox.kept(2, [0, 1, 3])) == {0, 1, 3}  # every accepted upload is kept
+
+
+def test_a_run_resumes_from_its_checkpoint_as_it_was_saved(job, tmp_path) -> None:
+    """What ``save`` writes after a round, ``restart`` gives back: the state,
+    the next round, the records (client ids as ints), the bytes per round
+    and client, the times and the clients' states."""
+    saving = RoundLoop(job, _Scripted({}))
+    saving.checkpoints = RoundCheckpoints(tmp_path)
+    state = job.method.init_state()
+    record = RoundRecord(
+        round=0,
+        clients=[0, 2],
+        accepted=[2],
+        refused={0: "no upload"},
+        bytes_up=7,
+        bytes_down=9,
+        bytes_refused=3,
+        time_client_s=0.5,
+        time_server_s=0.25,
+        warnings={2: ["loss rose"]},
+    )
+    saving.bytes.up[0][2] += 7
+    saving.bytes.down[0][0] += 4
+    saving.times["client"] = 1.5
+    saving.transport.client_states = lambda: {}
+    saving.save(state, 1, [record])
+
+    resumed = RoundLoop(job, _Scripted({}))
+    resumed.checkpoints = RoundCheckpoints(tmp_path)
+    resumed.digest = saving.digest
+    got_state, start, records = resumed.restart()
+    assert start == 1 and records == [record]
+    assert records[0].refused == {0: "no upload"} and records[0].warnings == {2: ["loss rose"]}
+    assert all(torch.equal(got_state[k], v) for k, v in state.items())
+    assert dict(resumed.bytes.up[0]) == {2: 7} and dict(resumed.bytes.down[0]) == {0: 4}
+    assert resumed.times["client"] == 1.5 and resumed.transport.restored == [{}]
+
+
+def test_a_summed_round_goes_to_the_methods_secure_aggregation(job, monkeypatch) -> None:
+    loop = RoundLoop(job, _Scripted({}))
+    mean = Upload({"w": torch.ones(1)}, {"num_samples": 3})
+    seen: list[tuple[Any, Any, int]] = []
+    monkeypatch.setattr(
+        job.method, "aggregate_mean", lambda state, m, r: seen.append((state, m, r)) or "new"
+    )
+    state = {"s": 1}
+    summed = RoundUploads(accepted=[0, 1], refused={}, mean=mean)
+    assert loop.aggregate(state, summed, 6) == "new" and seen == [(state, mean, 6)]
+
+
+def test_a_method_without_secure_aggregation_cannot_take_a_summed_round(job) -> None:
+    class _Plain:
+        name = "plain"
+
+    loop = RoundLoop(job, _Scripted({}))
+    loop.method = _Plain()
+    with pytest.raises(ConfigError, match=r"^plain cannot aggregate a weighted mean of uploads$"):
+        loop.aggregate({}, RoundUploads(accepted=[0], refused={}, mean=Upload({}, {})), 0)
