@@ -10,22 +10,26 @@ client sends.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
 from osfl import assembly
 from osfl.config import load_config
-from osfl.errors import ConfigError
-from osfl.fl.observers import Observers
+from osfl.errors import ConfigError, UploadError
+from osfl.fl.observers import Observer, Observers
 from osfl.fl.runtime.base import RoundRecord
 from osfl.fl.runtime.checkpoint import PendingUpload, RoundCheckpoints
 from osfl.fl.runtime.client import ClientTurn
+from osfl.fl.runtime.identity import job_digest
 from osfl.fl.runtime.rounds import ClientTransport, Inbox, RoundLoop, RoundUploads
-from osfl.fl.upload import Upload
+from osfl.fl.seeds import derive_seed
+from osfl.fl.upload import Broadcast, Upload
 from support.tiny import TINY
 
 
@@ -201,3 +205,113 @@ def test_a_method_without_secure_aggregation_cannot_take_a_summed_round(job) -> 
     loop.method = _Plain()
     with pytest.raises(ConfigError, match=r"^plain cannot aggregate a weighted mean of uploads$"):
         loop.aggregate({}, RoundUploads(accepted=[0], refused={}, mean=Upload({}, {})), 0)
+
+
+# --------------------------------------------------------------------------- the loop
+def test_a_new_loop_starts_from_nothing_with_its_seeded_sampling(job, tmp_path) -> None:
+    loop = RoundLoop(job, _Scripted({}))
+    assert loop.times == {"client": 0.0, "server": 0.0, "eval": 0.0} and loop.checkpoints is None
+    want = np.random.default_rng(derive_seed(job.seed, "client-sampling"))
+    assert loop.rng.bit_generator.state == want.bit_generator.state
+    saving = RoundLoop(dataclasses.replace(job, state_dir=tmp_path), _Scripted({}))
+    assert saving.checkpoints.root == tmp_path and saving.inbox.checkpoints is saving.checkpoints
+    assert loop.digest == job_digest(job)
+    tagged = _Scripted({})
+    tagged.checkpoint_tag = "secagg"
+    assert RoundLoop(job, tagged).digest == job_digest(job) + "+secagg"
+
+
+def test_too_few_usable_uploads_stop_the_run_saying_whose_and_why(job) -> None:
+    run = dataclasses.replace(job.run, server=dataclasses.replace(job.run.server, min_clients=2))
+    loop = RoundLoop(dataclasses.replace(job, run=run), _Scripted({}))
+    loop.require_enough(RoundUploads(accepted=[0, 3], refused={1: "no upload"}), 3, 4)
+    why = {1: "[client 1, field 'meta'] bad", 2: "no upload"}
+    with pytest.raises(UploadError) as e:
+        loop.require_enough(RoundUploads(accepted=[], refused=why), 3, 4)
+    assert str(e.value) == (
+        "round 3: every upload was refused ([client 1, field 'meta'] bad; client 2: no upload)"
+    )
+    with pytest.raises(UploadError) as e:
+        loop.require_enough(RoundUploads(accepted=[], refused={}), 3, 4)
+    assert str(e.value) == "round 3: every upload was refused (none were sent)"
+    with pytest.raises(UploadError) as e:
+        loop.require_enough(RoundUploads(accepted=[0], refused={}), 3, 4)
+    assert str(e.value) == (
+        "round 3: 1 usable upload(s) of 4 client(s), fewer than server.min_clients=2 "
+        "(none were sent)"
+    )
+
+
+class _Watch(Observer):
+    """Records what the loop tells its observers."""
+
+    def __init__(self):
+        self.seen: list[tuple[Any, ...]] = []
+
+    def on_run_start(self, method_name, run):
+        self.seen.append(("start", method_name, run))
+
+    def on_broadcast(self, round, client, broadcast, nbytes):
+        self.seen.append(("broadcast", round, client))
+
+    def on_round_end(self, round, state, metrics):
+        self.seen.append(("end", round, state, dict(metrics)))
+
+    def on_run_end(self, result):
+        self.seen.append(("run", result))
+
+
+class _Echo(_Scripted):
+    """Every client sends the state it was sent; round ``stop`` fails."""
+
+    def __init__(self, job: Any, stop: int | None = None):
+        super().__init__({})
+        self.job, self.stop = job, stop
+
+    def exchange(self, round, clients, payload, task):
+        self.asked.append((round, list(clients)))
+        if round == self.stop:
+            raise RuntimeError("the server stopped")
+        sent = Broadcast.from_bytes(payload).tensors
+        return {
+            c: ClientTurn(
+                Upload(dict(sent), {"num_samples": self.job.clients.size(c)}).to_bytes(), None
+            )
+            for c in clients
+        }
+
+
+def _rounds(job: Any, n: int, **more: Any) -> Any:
+    method = type(job.method)(dataclasses.replace(job.method.config, rounds=n), job.run)
+    return dataclasses.replace(job, method=method, **more)
+
+
+def test_each_round_reaches_the_observers_the_record_and_the_checkpoint(job, tmp_path) -> None:
+    """Three rounds, scored every round: each round's broadcast goes to its
+    clients, its end (with its metrics, the last one's final) to the
+    observers, and a run stopped in round 2 resumes there, asking only
+    round 2's clients, with the same final state."""
+    scored = _rounds(job, 3, eval_every=1, state_dir=tmp_path / "a")
+    watch = _Watch()
+    result = RoundLoop(scored, _Echo(scored), [watch]).execute()
+    ends = [s for s in watch.seen if s[0] == "end"]
+    assert [e[1] for e in ends] == [0, 1, 2] and ends[-1][2] is result.state
+    assert all("global_test_accuracy" in e[3]["metrics"] for e in ends)
+    assert [r.round for r in result.rounds] == [0, 1, 2] and result.metrics == ends[-1][3][
+        "metrics"
+    ]
+    assert watch.seen[0][:2] == ("start", "fedavg") and watch.seen[-1] == ("run", result)
+    assert [s[1] for s in watch.seen if s[0] == "broadcast"] == [0] * 4 + [1] * 4 + [2] * 4
+    times = result.time_s
+    assert times["client"] == sum(r.time_client_s for r in result.rounds)
+    assert times["total"] == times["client"] + times["server"] + times["eval"]
+    assert all(r.time_server_s >= 0 and r.time_client_s >= 0 for r in result.rounds)
+    assert result.predictor is not None and result.client_states == {}
+
+    stopped = _rounds(job, 3, eval_every=1, state_dir=tmp_path / "b")
+    with pytest.raises(RuntimeError, match="the server stopped"):
+        RoundLoop(stopped, _Echo(stopped, stop=2)).execute()
+    again = _Echo(stopped)
+    resumed = RoundLoop(stopped, again).execute()
+    assert [r for r, _ in again.asked] == [2] and [r.round for r in resumed.rounds] == [0, 1, 2]
+    assert all(torch.equal(resumed.state[k], v) for k, v in result.state.items())
