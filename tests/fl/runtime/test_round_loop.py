@@ -315,3 +315,27 @@ def test_each_round_reaches_the_observers_the_record_and_the_checkpoint(job, tmp
     resumed = RoundLoop(stopped, again).execute()
     assert [r for r, _ in again.asked] == [2] and [r.round for r in resumed.rounds] == [0, 1, 2]
     assert all(torch.equal(resumed.state[k], v) for k, v in result.state.items())
+
+
+class _Truths(Observer):
+    def __init__(self):
+        self.truths: dict[int, Any] = {}
+
+    def on_upload(self, round, client, upload, nbytes, truth=None):
+        self.truths[client] = truth
+
+
+def test_an_accepted_upload_reaches_the_observers_with_what_its_client_really_did(job) -> None:
+    """The audits' ground truth: the labels of the client's local steps when
+    it trained here, else its data's labels, each saying which it is."""
+    seen = _Truths()
+    inbox = Inbox(job, Observers([seen]), checkpoints=None)
+    steps = torch.tensor([2, 2, 1])
+    turns = {
+        0: ClientTurn(_raw(job, 0), None, step_labels=steps),
+        1: ClientTurn(_raw(job, 1), None),
+    }
+    inbox.receive(job.method.init_state(), 0, turns)
+    assert seen.truths[0] == {"labels": steps, "num_classes": 10, "label_source": "steps"}
+    assert seen.truths[1]["label_source"] == "data" and seen.truths[1]["num_classes"] == 10
+    assert torch.equal(seen.truths[1]["labels"], job.clients.data(1).labels)
