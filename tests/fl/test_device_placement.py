@@ -95,6 +95,8 @@ def test_the_simulated_device_refuses_what_cuda_refuses() -> None:
             w.numpy()
         with pytest.raises(PlacementError, match="cpu and simgpu"):
             torch.zeros(()).add_(w.sum())  # a CPU scalar is no destination for a device sum
+        with pytest.raises(PlacementError, match="cpu and simgpu"):
+            torch.ones(3, 3)[torch.tensor([0, 2]).to(dev)]  # device indices into a CPU tensor
         # what CUDA allows: CPU scalars, CPU indices, copies, a device generator
         assert _on_device(w * torch.tensor(2.0)) and _on_device(w[torch.tensor([0, 2])])
         assert _on_device(w.sum().add_(torch.tensor(2.0)))

@@ -289,12 +289,17 @@ def _written(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[t
 def _checked_devices(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> set[torch.device]:
     """The devices of the tensors whose placement must agree in ``func``. A CPU
     0-dim tensor is exempt as an input (CUDA reads it as a scalar), not as the
-    tensor written into: ``cpu_sum += cuda_loss`` raises on a GPU."""
+    tensor written into: ``cpu_sum += cuda_loss`` raises on a GPU; so are CPU
+    indices into a device tensor, not device indices into a CPU tensor."""
     written = _written(func, args, kwargs)
+    devices: set[torch.device] = set()
     if func in _INDEXING:
-        args = (args[0], *args[2:])  # CUDA accepts CPU index tensors
+        # CUDA accepts CPU index tensors into a device tensor, not device ones into a CPU tensor
+        indices = [i for i in (args[1] if len(args) > 1 else ()) or () if i is not None]
+        devices = {_device_of(i) for i in indices if _device_of(i).type != "cpu"}
+        args = (args[0], *args[2:])
     leaves = tree_flatten((args, kwargs))[0]
-    return {
+    return devices | {
         _device_of(t)
         for t in leaves
         if isinstance(t, torch.Tensor)
