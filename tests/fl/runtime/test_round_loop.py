@@ -23,6 +23,8 @@ from osfl import assembly
 from osfl.config import load_config
 from osfl.errors import ConfigError, UploadError
 from osfl.fl.observers import Observer, Observers
+from osfl.fl.progress import Progress, ProgressTask
+from osfl.fl.runtime import rounds as rounds_module
 from osfl.fl.runtime.base import RoundRecord
 from osfl.fl.runtime.checkpoint import PendingUpload, RoundCheckpoints
 from osfl.fl.runtime.client import ClientTurn
@@ -45,6 +47,25 @@ def job() -> Any:
 def _raw(job: Any, client: int) -> bytes:
     state = job.method.init_state()
     return Upload(dict(state), {"num_samples": job.clients.size(client)}).to_bytes()
+
+
+class _Board(Progress):
+    """A board that records each bar's name, total and advances."""
+
+    def __init__(self):
+        self.bars: list[list[Any]] = []
+
+    def task(self, description, total=None):
+        bar = [description, total, []]
+        self.bars.append(bar)
+        board = self
+
+        class _Bar(ProgressTask):
+            def advance(self, amount=1.0, *, description=None):
+                bar[2].append(amount)
+
+        del board
+        return _Bar()
 
 
 class _Scripted(ClientTransport):
@@ -281,9 +302,10 @@ class _Echo(_Scripted):
         }
 
 
-def _rounds(job: Any, n: int, **more: Any) -> Any:
-    method = type(job.method)(dataclasses.replace(job.method.config, rounds=n), job.run)
-    return dataclasses.replace(job, method=method, **more)
+def _rounds(job: Any, n: int, options: dict[str, Any] | None = None, **more: Any) -> Any:
+    """``job`` with its method's ``rounds`` (and other ``options``) set."""
+    config = dataclasses.replace(job.method.config, rounds=n, **(options or {}))
+    return dataclasses.replace(job, method=type(job.method)(config, job.run), **more)
 
 
 def test_each_round_reaches_the_observers_the_record_and_the_checkpoint(job, tmp_path) -> None:
@@ -320,9 +342,11 @@ def test_each_round_reaches_the_observers_the_record_and_the_checkpoint(job, tmp
 class _Truths(Observer):
     def __init__(self):
         self.truths: dict[int, Any] = {}
+        self.rounds: dict[int, int] = {}
 
     def on_upload(self, round, client, upload, nbytes, truth=None):
         self.truths[client] = truth
+        self.rounds[client] = round
 
 
 def test_an_accepted_upload_reaches_the_observers_with_what_its_client_really_did(job) -> None:
@@ -339,3 +363,129 @@ def test_an_accepted_upload_reaches_the_observers_with_what_its_client_really_di
     assert seen.truths[0] == {"labels": steps, "num_classes": 10, "label_source": "steps"}
     assert seen.truths[1]["label_source"] == "data" and seen.truths[1]["num_classes"] == 10
     assert torch.equal(seen.truths[1]["labels"], job.clients.data(1).labels)
+
+
+def test_a_checked_upload_is_kept_with_its_state_and_warnings_and_a_crash_is_its_refusal(
+    job, tmp_path, monkeypatch
+) -> None:
+    def screen(state, r, c, upload):
+        if c == 2:
+            raise ValueError("boom")
+        return None
+
+    monkeypatch.setattr(job.method, "screen", screen)
+    seen = _Truths()
+    inbox = Inbox(job, Observers([seen]), RoundCheckpoints(tmp_path))
+    turns = {
+        1: ClientTurn(_raw(job, 1), b"its state", warnings=("loss rose",)),
+        2: ClientTurn(_raw(job, 2), None),
+    }
+    got = inbox.receive(job.method.init_state(), 5, turns)
+    assert got.refused == {2: "[client 2, field '*'] ValueError while checking it: boom"}
+    [kept] = inbox.kept(5, [1]).values()
+    assert (kept.upload, kept.state, list(kept.warnings)) == (
+        _raw(job, 1),
+        b"its state",
+        ["loss rose"],
+    )
+    assert seen.rounds == {1: 5}
+
+
+def test_the_sample_count_bound_is_the_smaller_of_the_methods_and_the_clients(
+    job, monkeypatch
+) -> None:
+    spec_of = job.method.upload_spec
+    inbox = Inbox(job, Observers([]), checkpoints=None)
+    size = job.clients.size(1)
+    for own, want in ((3, 3), (10**9, size)):
+
+        def with_high(state, r, c, own=own):
+            spec = spec_of(state, r, c)
+            count = dataclasses.replace(spec.meta["num_samples"], high=own)
+            return dataclasses.replace(spec, meta={**spec.meta, "num_samples": count})
+
+        monkeypatch.setattr(job.method, "upload_spec", with_high)
+        assert inbox.spec_for(job.method.init_state(), 0, 1).meta["num_samples"].high == want
+
+
+def test_without_any_byte_limit_an_upload_is_read_whole(job, monkeypatch) -> None:
+    monkeypatch.setattr(rounds_module, "size_limit", lambda spec: None)
+    run = dataclasses.replace(
+        job.run, server=dataclasses.replace(job.run.server, max_upload_bytes=None)
+    )
+    inbox = Inbox(dataclasses.replace(job, run=run), Observers([]), checkpoints=None)
+    assert inbox.accept(job.method.init_state(), 0, 1, _raw(job, 1)).meta["num_samples"] > 0
+
+
+def test_every_hook_of_a_round_gets_its_round_and_the_state_it_acts_on(
+    job, tmp_path, monkeypatch, caplog
+) -> None:
+    """Half the clients each round (the sampling generator matters): the
+    sampler, broadcast, aggregation, scoring and observers see round r and
+    the state round r starts from or ends with; a run stopped in round 2
+    replays the sampling and resumes with the uninterrupted run's state."""
+    board = _Board()
+    run = dataclasses.replace(job.run, progress=board)
+    halves = _rounds(dataclasses.replace(job, run=run), 3, {"client_fraction": 0.5}, eval_every=1)
+    calls: list[tuple[Any, ...]] = []
+    method = halves.method
+    broadcast, aggregate = method.broadcast, method.aggregate
+    monkeypatch.setattr(
+        method, "broadcast", lambda s, r: calls.append(("broadcast", s, r)) or broadcast(s, r)
+    )
+
+    def aggregated(s, uploads, r):
+        new = aggregate(s, uploads, r)
+        calls.append(("aggregate", s, r, new))
+        return new
+
+    monkeypatch.setattr(method, "aggregate", aggregated)
+    sample = rounds_module.sample_clients
+    monkeypatch.setattr(
+        rounds_module,
+        "sample_clients",
+        lambda m, r, n, rng: calls.append(("sample", r)) or sample(m, r, n, rng),
+    )
+    watch = _Watch()
+    loop = RoundLoop(dataclasses.replace(halves, state_dir=tmp_path / "a"), _Echo(halves), [watch])
+    scored = loop.evaluation.metrics
+    monkeypatch.setattr(
+        loop.evaluation,
+        "metrics",
+        lambda s, p, r, recs: calls.append(("score", s, r, len(recs))) or scored(s, p, r, recs),
+    )
+    result = loop.execute()
+    assert watch.seen[0] == ("start", "fedavg", run)
+    ends = [(e[1], e[2]) for e in watch.seen if e[0] == "end"]
+    aggregates = [c for c in calls if c[0] == "aggregate"]
+    assert [(r, s) for _, _, r, s in aggregates] == ends and ends[-1][1] is result.state
+    starts = [a[1] for a in aggregates]
+    broadcasts = [c for c in calls if c[0] == "broadcast"]
+    assert [c[1] is st for c, st in zip(broadcasts, starts, strict=True)] == [True] * 3
+    assert [a[3] for a in aggregates[:2]] == starts[1:]  # each round starts from the last's state
+    assert [c[1] for c in calls if c[0] == "sample"] == [0, 1, 2]
+    assert [c[1:] for c in calls if c[0] == "score"] == [
+        (aggregates[0][3], 0, 1), (aggregates[1][3], 1, 2), (result.state, 2, 3)
+    ]  # fmt: skip
+    sent = [s[2] for s in watch.seen if s[0] == "broadcast"]
+    assert sent == [c for r in result.rounds for c in r.clients] and len(sent) == 6
+    assert [b[:2] for b in board.bars if b[0] == "fedavg: rounds"] == [["fedavg: rounds", 3]]
+
+    stopped = dataclasses.replace(halves, state_dir=tmp_path / "b")
+    with pytest.raises(RuntimeError, match="the server stopped"):
+        RoundLoop(stopped, _Echo(stopped, stop=2)).execute()
+    board.bars.clear()
+    with caplog.at_level(logging.INFO, "osfl.fl.runtime.rounds"):
+        resumed = RoundLoop(stopped, _Echo(stopped)).execute()
+    assert "fedavg: resuming after round 2 of 3" in [r.getMessage() for r in caplog.records]
+    assert [r.clients for r in resumed.rounds] == [r.clients for r in result.rounds]
+    assert all(torch.equal(resumed.state[k], v) for k, v in result.state.items())
+    [rounds_bar] = [b for b in board.bars if b[0] == "fedavg: rounds"]
+    assert rounds_bar[2] == [2, 1.0]  # the two finished rounds at once, then the third
+
+
+def test_a_one_round_run_has_no_rounds_bar(job) -> None:
+    board = _Board()
+    once = dataclasses.replace(job, run=dataclasses.replace(job.run, progress=board))
+    RoundLoop(once, _Echo(once)).execute()
+    assert not [b for b in board.bars if b[0].endswith(": rounds")]
