@@ -22,6 +22,7 @@ import torch
 from osfl import assembly
 from osfl.config import load_config
 from osfl.errors import ConfigError, UploadError
+from osfl.fl.context import ClientState
 from osfl.fl.observers import Observer, Observers
 from osfl.fl.progress import Progress, ProgressTask
 from osfl.fl.runtime import rounds as rounds_module
@@ -156,6 +157,8 @@ def test_uploads_kept_before_a_restart_are_not_asked_for_again(job, tmp_path, ca
     kept = PendingUpload(_raw(job, 1), b"client-1-state", ("loss rose",))
     checkpoints.keep(2, 1, kept)
     checkpoints.keep(1, 0, PendingUpload(_raw(job, 0), None, ()))  # another round's
+    board = _Board()
+    job = dataclasses.replace(job, run=dataclasses.replace(job.run, progress=board))
     inbox = Inbox(job, Observers([]), checkpoints)
     assert inbox.kept(2, [0, 3]) == {} and set(inbox.kept(2, [0, 1, 3])) == {1}
     transport = _Scripted({0: ClientTurn(_raw(job, 0), None), 3: ClientTurn(_raw(job, 3), None)})
@@ -168,6 +171,8 @@ def test_uploads_kept_before_a_restart_are_not_asked_for_again(job, tmp_path, ca
         r.getMessage() for r in caplog.records
     ]
     assert set(inbox.kept(2, [0, 1, 3])) == {0, 1, 3}  # every accepted upload is kept
+    assert inbox.kept(2, [1])[1].state == b"client-1-state"  # and keeps its state
+    assert [b[:2] for b in board.bars] == [["fedavg: round 3/1, clients", 2]]
 
 
 def test_a_run_resumes_from_its_checkpoint_as_it_was_saved(job, tmp_path) -> None:
@@ -192,7 +197,8 @@ def test_a_run_resumes_from_its_checkpoint_as_it_was_saved(job, tmp_path) -> Non
     saving.bytes.up[0][2] += 7
     saving.bytes.down[0][0] += 4
     saving.times["client"] = 1.5
-    saving.transport.client_states = lambda: {}
+    kept = ClientState(tensors={"c": torch.ones(2)}, meta={"n": 1})
+    saving.transport.client_states = lambda: {1: kept}
     saving.save(state, 1, [record])
 
     resumed = RoundLoop(job, _Scripted({}))
@@ -203,7 +209,7 @@ def test_a_run_resumes_from_its_checkpoint_as_it_was_saved(job, tmp_path) -> Non
     assert records[0].refused == {0: "no upload"} and records[0].warnings == {2: ["loss rose"]}
     assert all(torch.equal(got_state[k], v) for k, v in state.items())
     assert dict(resumed.bytes.up[0]) == {2: 7} and dict(resumed.bytes.down[0]) == {0: 4}
-    assert resumed.times["client"] == 1.5 and resumed.transport.restored == [{}]
+    assert resumed.times["client"] == 1.5 and resumed.transport.restored == [{1: kept.to_bytes()}]
 
 
 def test_a_summed_round_goes_to_the_methods_secure_aggregation(job, monkeypatch) -> None:
@@ -469,14 +475,17 @@ def test_every_hook_of_a_round_gets_its_round_and_the_state_it_acts_on(
     ]  # fmt: skip
     sent = [s[2] for s in watch.seen if s[0] == "broadcast"]
     assert sent == [c for r in result.rounds for c in r.clients] and len(sent) == 6
-    assert [b[:2] for b in board.bars if b[0] == "fedavg: rounds"] == [["fedavg: rounds", 3]]
+    assert [c[2] for c in broadcasts] == [0, 1, 2]
+    assert [b for b in board.bars if b[0] == "fedavg: rounds"] == [["fedavg: rounds", 3, [1.0] * 3]]
 
     stopped = dataclasses.replace(halves, state_dir=tmp_path / "b")
     with pytest.raises(RuntimeError, match="the server stopped"):
         RoundLoop(stopped, _Echo(stopped, stop=2)).execute()
     board.bars.clear()
     with caplog.at_level(logging.INFO, "osfl.fl.runtime.rounds"):
-        resumed = RoundLoop(stopped, _Echo(stopped)).execute()
+        again = RoundLoop(stopped, _Echo(stopped))
+        resumed = again.execute()
+    assert again.rng.bit_generator.state == loop.rng.bit_generator.state  # 3 draws each
     assert "fedavg: resuming after round 2 of 3" in [r.getMessage() for r in caplog.records]
     assert [r.clients for r in resumed.rounds] == [r.clients for r in result.rounds]
     assert all(torch.equal(resumed.state[k], v) for k, v in result.state.items())
@@ -489,3 +498,68 @@ def test_a_one_round_run_has_no_rounds_bar(job) -> None:
     once = dataclasses.replace(job, run=dataclasses.replace(job.run, progress=board))
     RoundLoop(once, _Echo(once)).execute()
     assert not [b for b in board.bars if b[0].endswith(": rounds")]
+
+
+class _Said(_Echo):
+    """Client 1 warns, client 2 keeps a state, the threads are noted; in
+    round ``garbage`` every client but 0 sends bytes that are no upload."""
+
+    def __init__(self, job: Any, garbage: int | None = None):
+        super().__init__(job)
+        self.garbage, self.threads = garbage, []
+
+    def exchange(self, round, clients, payload, task):
+        self.threads.append(torch.get_num_threads())
+        turns = super().exchange(round, clients, payload, task)
+        for c, turn in turns.items():
+            upload = b"junk" if round == self.garbage and c != 0 else turn.upload
+            turns[c] = ClientTurn(upload, None, warnings=("w",) if c == 1 else ())
+        return turns
+
+    def client_states(self):
+        return {2: ClientState(tensors={"c": torch.zeros(1)}, meta={})}
+
+
+def test_a_rounds_record_and_the_result_carry_warnings_and_states_under_its_threads(job) -> None:
+    before = torch.get_num_threads()
+    transport = _Said(job)
+    result = RoundLoop(job, transport, threads=1).execute()
+    assert transport.threads == [1] and torch.get_num_threads() == before
+    assert result.rounds[0].warnings == {1: ["w"]}
+    assert list(result.client_states) == [2]
+
+
+def test_a_round_with_too_few_usable_uploads_names_its_round_and_clients(job) -> None:
+    run = dataclasses.replace(job.run, server=dataclasses.replace(job.run.server, min_clients=2))
+    two = _rounds(dataclasses.replace(job, run=run), 2)
+    with pytest.raises(
+        UploadError, match=r"^round 1: 1 usable upload\(s\) of 4 client\(s\), fewer"
+    ):
+        RoundLoop(two, _Said(two, garbage=1)).execute()
+
+
+def test_a_run_without_a_server_test_set_is_scored_at_the_sites(job, monkeypatch) -> None:
+    sites = dataclasses.replace(job, evaluate_at_clients=True)
+    transport = _Echo(sites)
+    loop = RoundLoop(sites, transport)
+    assert loop.evaluation.transport is transport
+    scored: list[Any] = []
+    monkeypatch.setattr(
+        loop.evaluation, "at_sites", lambda state: scored.append(state) or {"site_accuracy": 0.5}
+    )
+    result = loop.execute()
+    assert scored == [result.state] and result.metrics == {"site_accuracy": 0.5}
+
+
+def test_times_add_up_on_a_clock_that_ticks_at_every_reading(job, monkeypatch) -> None:
+    """Every reading of the clock one second on, from 10⁶: each measured
+    span is a few seconds, none is negative, and the server's time holds
+    more than its rounds' (its first state and its final predictor too)."""
+    ticks = iter(range(10**6, 10**7))
+    monkeypatch.setattr(rounds_module.time, "perf_counter", lambda: float(next(ticks)))
+    result = RoundLoop(_rounds(job, 2), _Echo(job)).execute()
+    spans = [t for r in result.rounds for t in (r.time_client_s, r.time_server_s)]
+    assert all(0 <= t < 100 for t in spans)
+    times = result.time_s
+    assert 0 <= times["server"] < 1000 and 0 <= times["client"] < 1000
+    assert times["server"] > sum(r.time_server_s for r in result.rounds)
