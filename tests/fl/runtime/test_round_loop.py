@@ -523,8 +523,8 @@ class _Said(_Echo):
 def test_a_rounds_record_and_the_result_carry_warnings_and_states_under_its_threads(job) -> None:
     before = torch.get_num_threads()
     transport = _Said(job)
-    result = RoundLoop(job, transport, threads=1).execute()
-    assert transport.threads == [1] and torch.get_num_threads() == before
+    result = RoundLoop(job, transport, threads=before + 1).execute()
+    assert transport.threads == [before + 1] and torch.get_num_threads() == before
     assert result.rounds[0].warnings == {1: ["w"]}
     assert list(result.client_states) == [2]
 
@@ -553,13 +553,18 @@ def test_a_run_without_a_server_test_set_is_scored_at_the_sites(job, monkeypatch
 
 def test_times_add_up_on_a_clock_that_ticks_at_every_reading(job, monkeypatch) -> None:
     """Every reading of the clock one second on, from 10⁶: each measured
-    span is a few seconds, none is negative, and the server's time holds
-    more than its rounds' (its first state and its final predictor too)."""
+    span is a few seconds, none is negative, the inbox's checks count as
+    the server's, not the clients', and the server's time holds more than
+    its rounds' (its first state and its final predictor too)."""
     ticks = iter(range(10**6, 10**7))
     monkeypatch.setattr(rounds_module.time, "perf_counter", lambda: float(next(ticks)))
     result = RoundLoop(_rounds(job, 2), _Echo(job)).execute()
     spans = [t for r in result.rounds for t in (r.time_client_s, r.time_server_s)]
     assert all(0 <= t < 100 for t in spans)
+    # a round reads the clock 8 times: around the broadcast (1 s of server),
+    # around the collection (3 s, of which the inbox's checks, read inside it,
+    # are 1 s of server: 2 s of clients) and around the aggregation (1 s)
+    assert [(r.time_client_s, r.time_server_s) for r in result.rounds] == [(2.0, 3.0)] * 2
     times = result.time_s
     assert 0 <= times["server"] < 1000 and 0 <= times["client"] < 1000
     assert times["server"] > sum(r.time_server_s for r in result.rounds)
