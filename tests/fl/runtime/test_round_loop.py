@@ -175,7 +175,7 @@ def test_uploads_kept_before_a_restart_are_not_asked_for_again(job, tmp_path, ca
     assert [b[:2] for b in board.bars] == [["fedavg: round 3/1, clients", 2]]
 
 
-def test_a_run_resumes_from_its_checkpoint_as_it_was_saved(job, tmp_path) -> None:
+def test_a_run_resumes_from_its_checkpoint_as_it_was_saved(job, tmp_path, monkeypatch) -> None:
     """What ``save`` writes after a round, ``restart`` gives back: the state,
     the next round, the records (client ids as ints), the bytes per round
     and client, the times and the clients' states."""
@@ -204,7 +204,15 @@ def test_a_run_resumes_from_its_checkpoint_as_it_was_saved(job, tmp_path) -> Non
     resumed = RoundLoop(job, _Scripted({}))
     resumed.checkpoints = RoundCheckpoints(tmp_path)
     resumed.digest = saving.digest
+    replayed: list[Any] = []
+    sample = type(job.method).sample_clients
+    monkeypatch.setattr(
+        job.method,
+        "sample_clients",
+        lambda r, n, rng: replayed.append(r) or sample(job.method, r, n, rng),
+    )
     got_state, start, records = resumed.restart()
+    assert replayed == [0]  # the finished round's draw, replayed with its round (FENS reads it)
     assert start == 1 and records == [record]
     assert records[0].refused == {0: "no upload"} and records[0].warnings == {2: ["loss rose"]}
     assert all(torch.equal(got_state[k], v) for k, v in state.items())
