@@ -59,13 +59,11 @@ class _Board(Progress):
     def task(self, description, total=None):
         bar = [description, total, []]
         self.bars.append(bar)
-        board = self
 
         class _Bar(ProgressTask):
             def advance(self, amount=1.0, *, description=None):
                 bar[2].append(amount)
 
-        del board
         return _Bar()
 
 
