@@ -3,11 +3,17 @@
 One torch thread per test process: on a 2-core machine (CI's size) OpenMP's
 second thread mostly spin-waits against other work, and a fixed thread count
 keeps float summation order, hence results, identical from run to run.
+
+The ``osfl`` logger's level and handlers are put back after every test: the
+CLI and the Flower app set them for a run, and a level left at INFO by one
+test would put another module's INFO lines into a later test's ``caplog``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -19,6 +25,15 @@ from osfl.data.imageset import DataSplits
 from support.tiny import TINY, TINY_SCAFFOLD
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _osfl_logger_put_back() -> Iterator[None]:
+    logger = logging.getLogger("osfl")
+    level, handlers = logger.level, list(logger.handlers)
+    yield
+    logger.setLevel(level)
+    logger.handlers[:] = handlers
 
 
 @pytest.fixture(scope="session")
