@@ -158,9 +158,10 @@ class FalconServer(FalconBase):
 
     def generation_gflops(self) -> float:
         """GFLOPs per synthetic sequence of this generator variant (Fig. 5),
-        counted on a batch of 8 draws of a freshly built generator (the count
-        depends on the architecture, not on the weights)."""
-        gen = self.new_generator().to(self.run.device)
+        counted on a batch of 8 draws of a freshly built generator on the CPU
+        (the count depends on the architecture, not on the weights or the
+        device)."""
+        gen = self.new_generator()
         y = torch.arange(8) % self.run.num_classes
         sampler = torch.Generator().manual_seed(0)
         return round(flops_per_sample(lambda: gen.sample(y, sampler)), 6)
