@@ -64,6 +64,11 @@ math path here, not the fused CPU kernel (results differ in the last bits).
 The modes are thread-local, as torch's dispatch modes are: work a thread
 pool does (``parallel_clients > 1``) is not checked, and a raw op on
 ``simgpu`` there fails with "Could not run ... from the 'simgpu' backend".
+An exception raised by a tensor hook during ``backward`` of a ``simgpu``
+tensor aborts the whole process ("terminate called without an active
+exception", torch 2.13), where CUDA raises it to the caller: a test that
+expects a hook to fail there calls the hook itself
+(``tests/methods/fafi/test_local_wiring.py``).
 """
 
 from __future__ import annotations

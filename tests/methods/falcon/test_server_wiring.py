@@ -1,5 +1,7 @@
-"""What FALCON's server hands to its student's fit and what it records (the
-mutants of ``osfl.methods.falcon.server``; TESTING.md, "Mutation testing").
+"""What FALCON's server hands to its student's fit and what it records, and
+what its spec and screen let through (the mutants of
+``osfl.methods.falcon.server`` and ``.screening``; TESTING.md, "Mutation
+testing").
 
 ``fit`` is replaced by a recorder, so nothing trains: the test checks the
 student's fresh init, the pooled sequences and labels in client order, the
@@ -18,9 +20,9 @@ import pytest
 import torch
 
 from osfl.data.imageset import ImageSet
-from osfl.errors import ConfigError
+from osfl.errors import ConfigError, UploadError
 from osfl.fl.seeds import derive_seed
-from osfl.fl.upload import Upload
+from osfl.fl.upload import Upload, validate
 from osfl.methods.falcon import server as server_module
 from osfl.methods.falcon.config import NEEDS_VALIDATION
 from osfl.methods.falcon.distill import distillation_loss, teacher_probs
@@ -326,3 +328,87 @@ def test_the_generation_count_draws_eight_labels_and_leaves_the_global_stream(
     torch.manual_seed(5)
     assert torch.equal(after, torch.rand(3))  # its draws come from its own stream
     assert seen[0].shape == (8, V, D) and not torch.equal(seen[0], seen[1])
+
+
+def _counts(pairs: dict[int, int]) -> list[int]:
+    return [pairs.get(c, 0) for c in range(10)]
+
+
+@pytest.mark.parametrize(
+    ("case", "message"),
+    [
+        ("sequences in float64", "dtype torch.float64, expected torch.float32"),
+        ("a generator in float16", "dtype torch.float16, expected torch.float32"),
+        ("a generator one value short", "shape"),
+        ("a negative count", "synthetic_counts"),
+        ("nine counts", "must have 10 items, got 9"),
+    ],
+)
+def test_the_spec_refuses_each_part_of_the_wrong_type_or_size(tiny, case: str, message: str):
+    m = falcon(seed_ctx(tiny))
+    spec = m.upload_spec(m.init_state(), 0, 0)
+    seqs, gen = _upload(m, {3: 2}, 1.0, 0), _with_generator(m, {3: 2}, 0)
+    validate(seqs, spec, client=0)
+    validate(gen, spec, client=0)
+    bad = {
+        "sequences in float64": lambda: Upload(
+            {**seqs.tensors, sequence_key(3): seqs.tensors[sequence_key(3)].double()}, seqs.meta
+        ),
+        "a generator in float16": lambda: Upload(
+            {**gen.tensors, GENERATOR: gen.tensors[GENERATOR].half()}, gen.meta
+        ),
+        "a generator one value short": lambda: Upload(
+            {**gen.tensors, GENERATOR: gen.tensors[GENERATOR][:-1]}, gen.meta
+        ),
+        "a negative count": lambda: Upload(
+            seqs.tensors, {**seqs.meta, "synthetic_counts": _counts({3: 2, 5: -1})}
+        ),
+        "nine counts": lambda: Upload(
+            seqs.tensors, {**seqs.meta, "synthetic_counts": _counts({3: 2})[:9]}
+        ),
+    }[case]()
+    with pytest.raises(UploadError, match=message):
+        validate(bad, spec, client=0)
+
+
+def test_the_screen_allows_exactly_the_bound_on_synthetic_sequences(tiny) -> None:
+    m = falcon(seed_ctx(tiny))
+    bound = -(-m.config.synthetic_ratio * 4 // 1) + 10  # ceil(ratio × 4 samples) + 10 classes
+    at = _upload(m, {3: int(bound)}, 1.0, 0)
+    at = Upload(at.tensors, {**at.meta, "num_samples": 4})
+    assert m.screen({}, 0, 0, at) is None
+    over = _upload(m, {3: int(bound) + 1}, 1.0, 0)
+    over = Upload(over.tensors, {**over.meta, "num_samples": 4})
+    assert m.screen({}, 0, 0, over) == (
+        f"meta.synthetic_counts sums to {int(bound) + 1}, more than synthetic_ratio × "
+        f"num_samples allows ({int(bound)})"
+    )
+    nothing = Upload(at.tensors, {**at.meta, "synthetic_counts": [0] * 10})
+    assert m.screen({}, 0, 0, nothing) == "meta.synthetic_counts declares no synthetic sequence"
+
+
+def test_a_class_declared_once_needs_its_sequences(tiny) -> None:
+    m = falcon(seed_ctx(tiny))
+    up = _upload(m, {3: 2, 6: 1}, 1.0, 0)
+    hollow = Upload({k: v for k, v in up.tensors.items() if k != sequence_key(6)}, up.meta)
+    assert m.screen({}, 0, 0, up) is None
+    assert m.screen({}, 0, 0, hollow) == (
+        "meta.synthetic_counts declares class 6 but its sequences are absent"
+    )
+
+
+def test_a_generator_is_probed_with_one_draw_per_declared_class(tiny, monkeypatch) -> None:
+    m = falcon(seed_ctx(tiny))
+    asked: list[tuple[int, list[int]]] = []
+    draws: dict[int, torch.Tensor] = {3: torch.zeros(1, V, D)}
+
+    def probe(client: int, up: Upload, counts: torch.Tensor) -> dict[int, torch.Tensor]:
+        asked.append((client, counts.tolist()))
+        return draws
+
+    monkeypatch.setattr(m, "_generate", probe)
+    up = _with_generator(m, {3: 4, 8: 1}, 0)
+    assert m.screen({}, 0, 7, up) is None
+    assert asked == [(7, _counts({3: 1, 8: 1}))]
+    draws[8] = torch.full((1, V, D), float("inf"))
+    assert m.screen({}, 0, 7, up) == "the uploaded generator does not draw finite sequences"
