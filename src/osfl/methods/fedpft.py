@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -58,6 +59,9 @@ from osfl.methods.frozen.base import (
 from osfl.methods.frozen.encoder import EncoderConfig
 
 __all__ = ["FedPFT", "FedPFTConfig", "LinearTokenHead", "fit_class_gmm", "sample_gmm_rows"]
+
+#: one mixture fit at a time silences its convergence warnings (see fit_class_gmm)
+_SILENCED_FITS = threading.Lock()
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +136,10 @@ def fit_class_gmm(
         max_iter=max_iter,
         random_state=seed,
     )
-    with warnings.catch_warnings():  # reported once per fit below, not as a warning storm
+    # reported once per fit below, not as a warning storm; under a lock because
+    # catch_warnings swaps the process-wide filter list, and clients fitting in
+    # threads (parallel_clients) would otherwise restore each other's mid-fit
+    with _SILENCED_FITS, warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         gmm.fit(features)
     if not gmm.converged_:

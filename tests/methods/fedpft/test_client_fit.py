@@ -7,6 +7,7 @@ its one warning and its log line, a single sample's component, the draw
 from __future__ import annotations
 
 import logging
+import threading
 import warnings
 
 import numpy as np
@@ -85,6 +86,59 @@ def test_only_convergence_warnings_are_silenced(monkeypatch) -> None:
         warnings.simplefilter("always")
         _gmm(_blobs())
     assert [str(w.message) for w in seen] == ["something else"]
+
+
+class _Overlapping:
+    """A GaussianMixture whose first fit waits (up to 1 s) for a second one
+    to start, and whose second fit warns only after the first has
+    returned: the interleaving of two clients fitting in threads."""
+
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    calls = 0
+
+    def __init__(self, *a: object, **kw: object) -> None:
+        self.inner = _REAL_GMM(*a, **kw)
+
+    def fit(self, x: np.ndarray) -> _Overlapping:
+        from sklearn.exceptions import ConvergenceWarning
+
+        type(self).calls += 1
+        if type(self).calls == 1:
+            self.first_in.set()
+            self.second_in.wait(timeout=1.0)
+        else:
+            self.second_in.set()
+            self.first_out.wait(timeout=5.0)
+            warnings.warn("not converged", ConvergenceWarning, stacklevel=2)
+        self.inner.fit(x)
+        return self
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def test_fits_in_two_threads_do_not_restore_each_others_silence(monkeypatch) -> None:
+    """``catch_warnings`` swaps the process-wide filters: without the lock,
+    the first fit to return would drop the second's ``ignore`` mid-fit."""
+    monkeypatch.setattr(sklearn.mixture, "GaussianMixture", _Overlapping)
+    monkeypatch.setattr(_Overlapping, "calls", 0)
+    for event in ("first_in", "second_in", "first_out"):
+        monkeypatch.setattr(_Overlapping, event, threading.Event())
+
+    def first() -> None:
+        _gmm(_blobs())
+        _Overlapping.first_out.set()
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        a = threading.Thread(target=first)
+        a.start()
+        assert _Overlapping.first_in.wait(timeout=5.0)
+        b = threading.Thread(target=_gmm, args=(_blobs(),))
+        b.start()
+        a.join()
+        b.join()
+    assert _Overlapping.calls == 2 and [str(w.message) for w in seen] == []
 
 
 def test_an_em_that_stops_early_says_so_once_in_the_log(caplog) -> None:
