@@ -88,16 +88,13 @@ def test_only_convergence_warnings_are_silenced(monkeypatch) -> None:
     assert [str(w.message) for w in seen] == ["something else"]
 
 
-class _Overlapping:
+class _Overlapping(_Warns):
     """A GaussianMixture whose first fit waits (up to 1 s) for a second one
     to start, and whose second fit warns only after the first has
     returned: the interleaving of two clients fitting in threads."""
 
     first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
     calls = 0
-
-    def __init__(self, *a: object, **kw: object) -> None:
-        self.inner = _REAL_GMM(*a, **kw)
 
     def fit(self, x: np.ndarray) -> _Overlapping:
         from sklearn.exceptions import ConvergenceWarning
@@ -112,9 +109,6 @@ class _Overlapping:
             warnings.warn("not converged", ConvergenceWarning, stacklevel=2)
         self.inner.fit(x)
         return self
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self.inner, name)
 
 
 def test_fits_in_two_threads_do_not_restore_each_others_silence(monkeypatch) -> None:
