@@ -10,26 +10,8 @@ import pytest
 
 from osfl.config import load_config
 from osfl.experiment import run_experiment
-from osfl.fl.progress import Progress, ProgressTask
+from support.progress import RecordingBoard
 from support.tiny import TINY, TINY_TWO_CLIENTS
-
-
-class _Board(Progress):
-    """Keeps every description a bar was given."""
-
-    def __init__(self) -> None:
-        self.seen: list[str] = []
-
-    def task(self, description: str, total: float | None = None) -> ProgressTask:
-        seen = self.seen
-        seen.append(description)
-
-        class Task(ProgressTask):
-            def advance(self, amount: float = 1.0, *, description: str | None = None) -> None:
-                if description is not None:
-                    seen.append(description)
-
-        return Task()
 
 
 def test_the_live_display_names_the_method_and_seed_it_runs() -> None:
@@ -37,10 +19,11 @@ def test_the_live_display_names_the_method_and_seed_it_runs() -> None:
         None,
         [*TINY_TWO_CLIENTS, "train.epochs=1", "methods=[fedavg]", "seeds=[0,1]", "cache_dir=null"],
     )
-    board = _Board()
+    board = RecordingBoard()
     run_experiment(cfg, progress=board)
-    assert "fedavg, seed 0" in board.seen and "fedavg, seed 1" in board.seen
-    assert board.seen.index("fedavg, seed 0") < board.seen.index("fedavg, seed 1")
+    seen = [t for b in board.bars for t in (b.name, *b.descriptions) if t is not None]
+    assert "fedavg, seed 0" in seen and "fedavg, seed 1" in seen
+    assert seen.index("fedavg, seed 0") < seen.index("fedavg, seed 1")
 
 
 def test_eval_local_and_per_round_curves(tmp_path):

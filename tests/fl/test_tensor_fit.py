@@ -16,8 +16,8 @@ from torch import nn
 
 from osfl.errors import ConfigError
 from osfl.fl.optim import build_optimizer, build_schedule
-from osfl.fl.progress import Progress, ProgressTask
 from osfl.fl.tensor_fit import FitConfig, _forked_devices, fit
+from support.progress import RecordingBoard
 from support.simulated_device import count_syncs, simulated_device
 
 #: a recipe that uses every part of the loop: a schedule over all steps,
@@ -118,24 +118,8 @@ def test_amp_autocasts_each_forward_pass_in_bfloat16() -> None:
         assert seen == [want] * 4  # 2 epochs of 2 batches
 
 
-class _Recorder(Progress):
-    def __init__(self) -> None:
-        self.tasks: list[tuple[str, float | None]] = []
-        self.advanced = 0.0
-
-    def task(self, description: str, total: float | None = None) -> ProgressTask:
-        self.tasks.append((description, total))
-        outer = self
-
-        class _Task(ProgressTask):
-            def advance(self, amount: float = 1.0, *, description: str | None = None) -> None:
-                outer.advanced += amount
-
-        return _Task()
-
-
 def test_progress_has_one_bar_of_one_step_per_epoch() -> None:
-    board = _Recorder()
+    board = RecordingBoard()
     fit(
         nn.Linear(2, 1),
         [torch.randn(5, 2)],
@@ -145,7 +129,7 @@ def test_progress_has_one_bar_of_one_step_per_epoch() -> None:
         progress=board,
         description="head",
     )
-    assert board.tasks == [("head", 4)] and board.advanced == 4
+    assert [(b.name, b.total, sum(b.advances)) for b in board.bars] == [("head", 4, 4)]
 
 
 def test_refusals_name_the_run_and_the_bad_value() -> None:

@@ -21,6 +21,7 @@ from osfl.fl.optim import OPTIMIZERS, SCHEDULES, build_optimizer, lr_at
 from osfl.fl.train_config import TrainConfig
 from osfl.fl.train_stats import StepTally
 from osfl.fl.training import TrainStats, train_local
+from support.progress import RecordingBoard
 
 
 class TinyNet(nn.Module):
@@ -262,30 +263,12 @@ def test_grad_clip_bounds_the_step() -> None:
 
 
 def test_progress_bar_counts_every_step_and_closes() -> None:
-    from osfl.fl.progress import Progress, ProgressTask
-
-    seen: list[tuple[str, float | None]] = []
-    advanced: list[float] = []
-    closed: list[bool] = []
-
-    class Board(Progress):
-        enabled = True
-
-        def task(self, description: str, total: float | None = None) -> ProgressTask:
-            seen.append((description, total))
-
-            class Task(ProgressTask):
-                def advance(self, amount: float = 1.0, *, description: str | None = None):
-                    advanced.append(amount)
-
-                def close(self) -> None:
-                    closed.append(True)
-
-            return Task()
-
-    _, stats = run(TrainConfig(steps=3, batch_size=8), progress=Board(), description="c0")
+    board = RecordingBoard(enabled=True)
+    _, stats = run(TrainConfig(steps=3, batch_size=8), progress=board, description="c0")
     assert stats.steps == 3
-    assert seen == [("c0", 3)] and sum(advanced) == 3 and closed == [True]
+    assert [(b.name, b.total, sum(b.advances), b.closed) for b in board.bars] == [
+        ("c0", 3, 3, True)
+    ]
 
 
 # --- optimizers and schedules -----------------------------------------------------------

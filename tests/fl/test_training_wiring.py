@@ -26,7 +26,6 @@ from torch import nn
 from osfl.data.imageset import ImageSet
 from osfl.data.transforms import emulate_device_path
 from osfl.fl.objectives import ObjectiveTerm
-from osfl.fl.progress import Progress, ProgressTask
 from osfl.fl.seeds import derive_seed
 from osfl.fl.train_config import TrainConfig
 from osfl.fl.training import (
@@ -40,6 +39,7 @@ from osfl.fl.training import (
     report_training_warnings,
     train_local,
 )
+from support.progress import RecordedBar, RecordingBoard
 from support.simulated_device import count_syncs, simulated_device
 
 CUDA = torch.device("cuda")  # an object only: nothing here runs on a GPU
@@ -54,31 +54,6 @@ def _data(n: int = 12) -> ImageSet:
 def _linear(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
     return nn.Sequential(nn.Flatten(), nn.Linear(48, 3))
-
-
-class _Bars(Progress):
-    """A board that records each bar's name, total and description updates."""
-
-    def __init__(self, enabled: bool = True):
-        self.enabled = enabled
-        self.bars: list[_Bar] = []
-
-    def task(self, description: str, total: float | None = None) -> ProgressTask:
-        self.bars.append(_Bar(description, total))
-        return self.bars[-1]
-
-
-class _Bar(ProgressTask):
-    def __init__(self, name: str, total: float | None):
-        self.name, self.total = name, total
-        self.steps: list[str | None] = []  # the description set at each advance (None: kept)
-        self.closed = False
-
-    def advance(self, amount: float = 1.0, *, description: str | None = None) -> None:
-        self.steps.append(description)
-
-    def close(self) -> None:
-        self.closed = True
 
 
 # --------------------------------------------------------------------------- convnets
@@ -296,7 +271,7 @@ def test_the_hooks_the_bar_and_the_record_see_every_step_in_order() -> None:
     """``on_batch`` gets step numbers 0..T-1; the bar is named by default
     "local training" and counts T steps; the seconds are this call's."""
     seen: list[int] = []
-    bars = _Bars(enabled=False)
+    bars = RecordingBoard()
     before = time.perf_counter()
     stats = train_local(
         _linear(),
@@ -307,7 +282,7 @@ def test_the_hooks_the_bar_and_the_record_see_every_step_in_order() -> None:
     )
     elapsed = time.perf_counter() - before
     assert seen == [0, 1, 2, 3, 4]
-    assert [(b.name, b.total, len(b.steps), b.closed) for b in bars.bars] == [
+    assert [(b.name, b.total, len(b.descriptions), b.closed) for b in bars.bars] == [
         ("local training", 5, 5, True)
     ]
     assert 0 < stats.seconds <= elapsed
@@ -362,7 +337,7 @@ def test_on_a_device_the_model_tally_and_bar_stay_there_and_no_step_waits() -> N
             _data(),
             TrainConfig(batch_size=2, steps=6),
             device=dev,
-            progress=_Bars(),
+            progress=RecordingBoard(enabled=True),
             generator=torch.Generator().manual_seed(1),
             on_batch=lambda *_: marks.append(len(log)),
         )
@@ -390,28 +365,28 @@ def test_init_model_draws_from_the_runs_global_init_seed() -> None:
 
 
 # --------------------------------------------------------------------------- the loss bar
-def _shown(bar: _Bar) -> list[float | None]:
-    return [None if d is None else float(d.rsplit(" ", 1)[1]) for d in bar.steps]
+def _shown(bar: RecordedBar) -> list[float | None]:
+    return [None if d is None else float(d.rsplit(" ", 1)[1]) for d in bar.descriptions]
 
 
 @pytest.mark.parametrize(("total", "every"), [(20, 1), (30, 1), (40, 2), (45, 2)])
 def test_on_the_cpu_the_bar_shows_the_current_loss_about_twenty_times(total: int, every: int):
-    bars = _Bars()
+    bars = RecordingBoard(enabled=True)
     with _LossBar(bars, "fit", total, torch.device("cpu")) as bar:
         for step in range(1, total + 1):
             bar.advance(step, torch.tensor(step / 8))
     shown = _shown(bars.bars[0])
     assert shown == [s / 8 if s % every == 0 else None for s in range(1, total + 1)]
-    assert bars.bars[0].steps[every - 1] == f"fit  loss {every / 8:.4f}"
+    assert bars.bars[0].descriptions[every - 1] == f"fit  loss {every / 8:.4f}"
     assert bars.bars[0].closed
 
 
 def test_a_hidden_bar_never_reads_the_loss() -> None:
-    bars = _Bars(enabled=False)
+    bars = RecordingBoard()
     with _LossBar(bars, "fit", 20, None) as bar:
         for step in range(1, 21):
             bar.advance(step, torch.tensor(1.0))
-    assert bars.bars[0].steps == [None] * 20
+    assert bars.bars[0].descriptions == [None] * 20
 
 
 def test_off_the_cpu_the_bar_shows_the_previous_copy_and_never_waits() -> None:
@@ -419,13 +394,13 @@ def test_off_the_cpu_the_bar_shows_the_previous_copy_and_never_waits() -> None:
     later (the first update shows nothing)."""
     losses = [torch.tensor(0.25 * s) for s in range(1, 6)]
     with emulate_device_path():
-        bars = _Bars()
+        bars = RecordingBoard(enabled=True)
         with _LossBar(bars, "fit", 5, torch.device("cpu")) as bar:
             for step, loss in enumerate(losses, 1):
                 bar.advance(step, loss)
     assert _shown(bars.bars[0]) == [None, 0.25, 0.5, 0.75, 1.0]
     with simulated_device() as dev, count_syncs() as log:
-        bars = _Bars()
+        bars = RecordingBoard(enabled=True)
         with _LossBar(bars, "fit", 5, dev) as bar:
             for step, loss in enumerate(losses, 1):
                 bar.advance(step, loss.to(dev))
@@ -461,7 +436,7 @@ def test_on_cuda_the_bar_copies_into_pinned_memory_and_shows_a_copy_once_it_land
 
     monkeypatch.setattr(torch.cuda, "Event", _Event)
     monkeypatch.setattr(_Event, "made", [])
-    bars = _Bars()
+    bars = RecordingBoard(enabled=True)
     bar = _LossBar(bars, "fit", 5, CUDA)
     monkeypatch.setattr(torch, "empty", host_buffer)
     monkeypatch.setattr(_Event, "landed", False)
@@ -476,13 +451,13 @@ def test_on_cuda_the_bar_copies_into_pinned_memory_and_shows_a_copy_once_it_land
 
 def test_the_loss_read_off_the_cpu_keeps_its_dtype() -> None:
     with emulate_device_path():
-        bar = _LossBar(_Bars(), "fit", 1, torch.device("cpu"))
+        bar = _LossBar(RecordingBoard(enabled=True), "fit", 1, torch.device("cpu"))
         bar.advance(1, torch.tensor(1 / 3, dtype=torch.float64))
     assert bar.host.dtype == torch.float64 and bar.host.item() == 1 / 3
 
 
 def test_a_bar_without_a_device_reads_on_the_host() -> None:
-    bars = _Bars()
+    bars = RecordingBoard(enabled=True)
     with _LossBar(bars, "fit", 2, None) as bar:
         bar.advance(1, torch.tensor(2.0))
     assert _shown(bars.bars[0]) == [2.0] and bar.host is None and bar.cuda is False

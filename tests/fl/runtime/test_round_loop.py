@@ -24,7 +24,6 @@ from osfl.config import load_config
 from osfl.errors import ConfigError, UploadError
 from osfl.fl.context import ClientState
 from osfl.fl.observers import Observer, Observers
-from osfl.fl.progress import Progress, ProgressTask
 from osfl.fl.runtime import rounds as rounds_module
 from osfl.fl.runtime.base import RoundRecord
 from osfl.fl.runtime.checkpoint import PendingUpload, RoundCheckpoints
@@ -33,6 +32,7 @@ from osfl.fl.runtime.identity import job_digest
 from osfl.fl.runtime.rounds import ClientTransport, Inbox, RoundLoop, RoundUploads
 from osfl.fl.seeds import derive_seed
 from osfl.fl.upload import Broadcast, Upload
+from support.progress import RecordingBoard
 from support.tiny import TINY
 
 
@@ -48,23 +48,6 @@ def job() -> Any:
 def _raw(job: Any, client: int) -> bytes:
     state = job.method.init_state()
     return Upload(dict(state), {"num_samples": job.clients.size(client)}).to_bytes()
-
-
-class _Board(Progress):
-    """A board that records each bar's name, total and advances."""
-
-    def __init__(self):
-        self.bars: list[list[Any]] = []
-
-    def task(self, description, total=None):
-        bar = [description, total, []]
-        self.bars.append(bar)
-
-        class _Bar(ProgressTask):
-            def advance(self, amount=1.0, *, description=None):
-                bar[2].append(amount)
-
-        return _Bar()
 
 
 class _Scripted(ClientTransport):
@@ -155,7 +138,7 @@ def test_uploads_kept_before_a_restart_are_not_asked_for_again(job, tmp_path, ca
     kept = PendingUpload(_raw(job, 1), b"client-1-state", ("loss rose",))
     checkpoints.keep(2, 1, kept)
     checkpoints.keep(1, 0, PendingUpload(_raw(job, 0), None, ()))  # another round's
-    board = _Board()
+    board = RecordingBoard()
     job = dataclasses.replace(job, run=dataclasses.replace(job.run, progress=board))
     inbox = Inbox(job, Observers([]), checkpoints)
     assert inbox.kept(2, [0, 3]) == {} and set(inbox.kept(2, [0, 1, 3])) == {1}
@@ -170,7 +153,7 @@ def test_uploads_kept_before_a_restart_are_not_asked_for_again(job, tmp_path, ca
     ]
     assert set(inbox.kept(2, [0, 1, 3])) == {0, 1, 3}  # every accepted upload is kept
     assert inbox.kept(2, [1])[1].state == b"client-1-state"  # and keeps its state
-    assert [b[:2] for b in board.bars] == [["fedavg: round 3/1, clients", 2]]
+    assert [(b.name, b.total) for b in board.bars] == [("fedavg: round 3/1, clients", 2)]
 
 
 def test_a_run_resumes_from_its_checkpoint_as_it_was_saved(job, tmp_path, monkeypatch) -> None:
@@ -436,7 +419,7 @@ def test_every_hook_of_a_round_gets_its_round_and_the_state_it_acts_on(
     sampler, broadcast, aggregation, scoring and observers see round r and
     the state round r starts from or ends with; a run stopped in round 2
     replays the sampling and resumes with the uninterrupted run's state."""
-    board = _Board()
+    board = RecordingBoard()
     run = dataclasses.replace(job.run, progress=board)
     halves = _rounds(dataclasses.replace(job, run=run), 3, {"client_fraction": 0.5}, eval_every=1)
     calls: list[tuple[Any, ...]] = []
@@ -482,7 +465,7 @@ def test_every_hook_of_a_round_gets_its_round_and_the_state_it_acts_on(
     sent = [s[2] for s in watch.seen if s[0] == "broadcast"]
     assert sent == [c for r in result.rounds for c in r.clients] and len(sent) == 6
     assert [c[2] for c in broadcasts] == [0, 1, 2]
-    assert [b for b in board.bars if b[0] == "fedavg: rounds"] == [["fedavg: rounds", 3, [1.0] * 3]]
+    assert [(b.total, b.advances) for b in board.named("fedavg: rounds")] == [(3, [1.0] * 3)]
 
     stopped = dataclasses.replace(halves, state_dir=tmp_path / "b")
     with pytest.raises(RuntimeError, match="the server stopped"):
@@ -495,15 +478,15 @@ def test_every_hook_of_a_round_gets_its_round_and_the_state_it_acts_on(
     assert "fedavg: resuming after round 2 of 3" in [r.getMessage() for r in caplog.records]
     assert [r.clients for r in resumed.rounds] == [r.clients for r in result.rounds]
     assert all(torch.equal(resumed.state[k], v) for k, v in result.state.items())
-    [rounds_bar] = [b for b in board.bars if b[0] == "fedavg: rounds"]
-    assert rounds_bar[2] == [2, 1.0]  # the two finished rounds at once, then the third
+    [rounds_bar] = board.named("fedavg: rounds")
+    assert rounds_bar.advances == [2, 1.0]  # the two finished rounds at once, then the third
 
 
 def test_a_one_round_run_has_no_rounds_bar(job) -> None:
-    board = _Board()
+    board = RecordingBoard()
     once = dataclasses.replace(job, run=dataclasses.replace(job.run, progress=board))
     RoundLoop(once, _Echo(once)).execute()
-    assert not [b for b in board.bars if b[0].endswith(": rounds")]
+    assert not [b for b in board.bars if b.name.endswith(": rounds")]
 
 
 class _Said(_Echo):

@@ -18,10 +18,11 @@ from osfl.errors import UploadError
 from osfl.fl.context import ModelSpec, RunContext
 from osfl.fl.method import Method, MultiRound, Predictor, sample_fraction
 from osfl.fl.observers import Observer
-from osfl.fl.progress import Progress, ProgressTask
+from osfl.fl.progress import Progress
 from osfl.fl.runtime.simulation import run_simulation
 from osfl.fl.train_config import TrainConfig
 from osfl.fl.upload import NUM_SAMPLES, Broadcast, TensorSpec, Upload, UploadSpec
+from support.progress import RecordingBoard
 
 
 @dataclass(frozen=True)
@@ -232,36 +233,14 @@ def test_evaluator_and_intermediate_rounds(tiny):
     assert res.rounds[-1].as_dict()["metrics"] == {"global_test_accuracy": 0.25}
 
 
-class CountingProgress(Progress):
-    """A board that records every bar: its description, total and advances."""
-
-    enabled = True
-
-    def __init__(self) -> None:
-        self.bars: list[list[Any]] = []
-
-    def task(self, description: str, total: float | None = None) -> ProgressTask:
-        bar = [description, total, 0, False]
-        self.bars.append(bar)
-
-        class Task(ProgressTask):
-            def advance(self, amount: float = 1.0, *, description: str | None = None) -> None:
-                bar[2] += amount
-
-            def close(self) -> None:
-                bar[3] = True
-
-        return Task()
-
-
 def test_progress_shows_rounds_and_clients_and_closes_every_bar(tiny):
-    board = CountingProgress()
+    board = RecordingBoard(enabled=True)
     _, res = simulate(tiny, rounds=2, progress=board)
     assert len(res.rounds) == 2
-    described = {b[0]: b for b in board.bars}
-    assert described["toy: rounds"][1:] == [2, 2, True]
-    assert described["toy: round 1/2, clients"][1:] == [4, 4, True]
-    assert described["toy: round 2/2, clients"][1:] == [4, 4, True]
+    described = {b.name: (b.total, sum(b.advances), b.closed) for b in board.bars}
+    assert described["toy: rounds"] == (2, 2, True)
+    assert described["toy: round 1/2, clients"] == (4, 4, True)
+    assert described["toy: round 2/2, clients"] == (4, 4, True)
 
 
 def test_real_fedavg_parallel_equals_sequential(digits_run):
