@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from osfl.assembly import SeedContext, build_federation, build_run, load_splits
-from osfl.config import load_config
+from osfl.assembly import SeedContext
 from osfl.data.imageset import ImageSet
 from osfl.fl.context import ClientContext
 from osfl.methods.fafi import FAFIConfig
@@ -28,18 +27,15 @@ from osfl.methods.fafi.client import FAFINet, TwoViews
 from osfl.methods.fafi.local import client_prototypes, train_net
 from osfl.methods.fafi.salt import SaltLoss
 from support.simulated_device import simulated_device
-from support.tiny import TINY
+from support.tiny import seed_ctx
 
 OTHER = "resnet18"  # an architecture other than the run's: its cache key is not None
 PLAIN = SaltLoss(ssl_weight=0.0, proto_weight=0.0, ce_weight=1.0, sep_weight=0.0)
 
 
 @pytest.fixture(scope="module")
-def ctx() -> SeedContext:
-    cfg = load_config(None, [*TINY, "cache_dir=null"])
-    splits = load_splits(cfg)
-    fed = build_federation(cfg, splits.train, 0)
-    return SeedContext(splits, fed, build_run(cfg, splits, fed, 0))
+def ctx(tiny_data) -> SeedContext:
+    return seed_ctx(tiny_data)
 
 
 @pytest.fixture

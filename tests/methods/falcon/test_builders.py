@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Any
 
 import pytest
 import torch
@@ -21,6 +22,11 @@ from osfl.methods.falcon.generator import LAYOUTS, SequenceGenerator
 from osfl.methods.falcon.upload import GENERATOR, flatten_state
 from support.simulated_device import simulated_device
 from support.tiny import falcon, seed_ctx
+
+
+def _with_run(ctx: Any, **changes: Any) -> Any:
+    """``ctx`` with its run's ``changes`` (another seed, another device)."""
+    return dataclasses.replace(ctx, run=dataclasses.replace(ctx.run, **changes))
 
 
 def _same(a: torch.nn.Module, b: torch.nn.Module) -> bool:
@@ -51,9 +57,7 @@ def test_the_classifier_is_drawn_from_the_runs_named_stream(tiny, purpose: str) 
     got = m.new_classifier(purpose)
     assert torch.equal(torch.rand(3), _untouched(3))  # the global stream is left alone
     assert _same(got, want)
-    other = falcon(
-        dataclasses.replace(ctx, run=dataclasses.replace(ctx.run, seed=ctx.run.seed + 1))
-    )
+    other = falcon(_with_run(ctx, seed=ctx.run.seed + 1))
     assert not _same(other.new_classifier(purpose), got)  # another run, other weights
 
 
@@ -68,9 +72,7 @@ def test_the_generator_is_the_configured_variant_from_the_runs_stream(tiny, vari
     got = m.new_generator()
     assert torch.equal(torch.rand(3), _untouched(3))
     assert got.variant == variant and _same(got, want)
-    other = falcon(
-        dataclasses.replace(ctx, run=dataclasses.replace(ctx.run, seed=ctx.run.seed + 1))
-    )
+    other = falcon(_with_run(ctx, seed=ctx.run.seed + 1))
     assert not _same(other.new_generator(), got)
     # the upload spec's generator length is this variant's
     assert m._templates()["generator_numel"] == flatten_state(got).numel()
@@ -91,7 +93,7 @@ def test_draws_are_made_where_the_run_computes(tiny, monkeypatch) -> None:
 
     monkeypatch.setattr(base_module, "sequences_of", recording)
     with simulated_device() as dev:
-        m = falcon(dataclasses.replace(ctx, run=dataclasses.replace(ctx.run, device=dev)))
+        m = falcon(_with_run(ctx, device=dev))
         assert m._generate(0, _generator_upload(m, 1.0), torch.ones(10, dtype=torch.int64)) == {}
     assert where == [{dev}]
 

@@ -34,7 +34,6 @@ from osfl.methods.falcon.upload import (
     sequence_key,
     sequences_of,
 )
-from osfl.methods.frozen.base import part_bytes
 from support.simulated_device import simulated_device
 from support.tiny import falcon, seed_ctx
 
@@ -56,6 +55,11 @@ def fits(monkeypatch) -> list[dict[str, Any]]:
     return calls
 
 
+def _counts(pairs: dict[int, int]) -> list[int]:
+    """Per-class counts of all 10 classes from ``{class: count}``."""
+    return [pairs.get(c, 0) for c in range(10)]
+
+
 def _upload(m: Any, counts: dict[int, int], at: float, seed: int) -> Upload:
     """Sequences only (``counts`` per class), and a classifier of ``seed``."""
     torch.manual_seed(seed)
@@ -64,8 +68,7 @@ def _upload(m: Any, counts: dict[int, int], at: float, seed: int) -> Upload:
     for c, n in counts.items():
         tensors[sequence_key(c)] = torch.full((n, V, D), at)
     total = sum(counts.values())
-    synthetic = [counts.get(c, 0) for c in range(10)]
-    meta = {"num_samples": total, "synthetic_counts": synthetic, "form": "sequences"}
+    meta = {"num_samples": total, "synthetic_counts": _counts(counts), "form": "sequences"}
     return Upload(tensors=tensors, meta=meta)
 
 
@@ -158,9 +161,8 @@ def _with_generator(m: Any, counts: dict[int, int], seed: int) -> Upload:
     up = _upload(m, {}, 0.0, seed)
     torch.manual_seed(seed)
     flat = flatten_state(m.new_generator())
-    synthetic = [counts.get(c, 0) for c in range(10)]
     tensors = {**up.tensors, GENERATOR: flat + 0.01 * torch.randn_like(flat)}
-    meta = {"num_samples": sum(counts.values()), "synthetic_counts": synthetic}
+    meta = {"num_samples": sum(counts.values()), "synthetic_counts": _counts(counts)}
     return Upload(tensors=tensors, meta={**meta, "form": "generator"})
 
 
@@ -217,7 +219,8 @@ def test_each_clients_bytes_are_split_into_its_parts(tiny, fits) -> None:
     gen = ups[1].tensors[GENERATOR].numel() * 4
     for c, (seqs, g) in {0: (2 * V * D * 4, 0), 1: (0, gen)}.items():
         got = state["clients"][c]["bytes"]
-        assert got == part_bytes(ups[c], {}) | {
+        assert got == {
+            "total": ups[c].nbytes,
             "classifier": clf,
             "sequences": seqs,
             "generator": g,
@@ -328,10 +331,6 @@ def test_the_generation_count_draws_eight_labels_and_leaves_the_global_stream(
     torch.manual_seed(5)
     assert torch.equal(after, torch.rand(3))  # its draws come from its own stream
     assert seen[0].shape == (8, V, D) and not torch.equal(seen[0], seen[1])
-
-
-def _counts(pairs: dict[int, int]) -> list[int]:
-    return [pairs.get(c, 0) for c in range(10)]
 
 
 @pytest.mark.parametrize(
